@@ -1,0 +1,37 @@
+# Two commands on a fresh machine:  `make book` builds the HTML book, `make test` runs every test.
+# Both create and fill the project-local virtual environment .venv first.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.installed
+# Chapters are MyST text notebooks (book/**/*.md with a kernelspec); their executed twins live in notebooks/.
+CHAPTERS = $(shell grep -rl --include='*.md' '^kernelspec:' book)
+
+export HF_HUB_OFFLINE = 1
+export TRANSFORMERS_OFFLINE = 1
+export HF_DATASETS_OFFLINE = 1
+export MPLBACKEND = Agg
+export PYTHONHASHSEED = 0
+
+.PHONY: install book test notebooks clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $@
+
+book: install  ## build the rendered book into _build/html (shows the stored, validated notebook outputs)
+	$(BIN)/jupyter-book build . -W -n --keep-going
+	@echo "Open _build/html/index.html"
+
+test: install  ## unit tests, nbval on every notebook, source/notebook sync, strict book build
+	PATH="$(abspath $(BIN)):$$PATH" bash scripts/run_tests.sh
+
+notebooks: install  ## re-execute every chapter and write its outputs into the paired notebook
+	@for f in $(CHAPTERS); do echo "== $$f"; $(BIN)/jupytext --sync --execute "$$f" || exit 1; done
+
+clean:
+	rm -rf _build

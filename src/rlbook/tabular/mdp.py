@@ -1,0 +1,170 @@
+"""A finite Markov decision process held as dense arrays (chapter "MDPs and the Bellman equations").
+
+An MDP is the 5-tuple (S, A, P, R, gamma). Here S = {0, ..., S-1} and A = {0, ..., A-1}; ``P[s, a, s']`` is
+the probability of moving to ``s'`` after taking ``a`` in ``s``, and ``R[s, a, s']`` is the reward received on
+that transition. Episodic tasks mark their absorbing states in ``terminal``: entering one ends the episode, so
+nothing is bootstrapped from it (its value is 0 by definition).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_ROW_SUM_ATOL = 1e-8
+
+
+def check_gamma(gamma: float) -> float:
+    """Return ``gamma`` as a float, or raise if it is not a discount factor in [0, 1]."""
+    gamma = float(gamma)
+    if not 0.0 <= gamma <= 1.0:  # also rejects NaN
+        raise ValueError(f"discount factor gamma must lie in [0, 1], got {gamma}")
+    return gamma
+
+
+@dataclass(frozen=True)
+class FiniteMDP:
+    """A finite MDP (S, A, P, R, gamma) with optional terminal (absorbing) states.
+
+    Args:
+        P: transition probabilities, shape ``(S, A, S)``; every row ``P[s, a, :]`` sums to one.
+        R: reward on each transition, shape ``(S, A, S)``, or the expected reward ``r(s, a)``, shape ``(S, A)``.
+        gamma: discount factor in [0, 1].
+        terminal: boolean mask of shape ``(S,)``; entering a terminal state ends the episode.
+        initial: start-state distribution, shape ``(S,)`` (defaults to uniform over non-terminal states).
+        shape: optional ``(rows, cols)`` of a grid world, used only for plotting.
+        desc: optional grid of map letters (FrozenLake's ``S``, ``F``, ``H``, ``G``), used only for plotting.
+    """
+
+    P: np.ndarray
+    R: np.ndarray
+    gamma: float
+    terminal: np.ndarray | None = None
+    initial: np.ndarray | None = None
+    shape: tuple[int, int] | None = None
+    desc: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        P = np.asarray(self.P, dtype=float)
+        if P.ndim != 3 or P.shape[0] != P.shape[2] or P.shape[0] == 0 or P.shape[1] == 0:
+            raise ValueError(f"P must have shape (S, A, S) with S, A >= 1, got {P.shape}")
+        num_states, num_actions, _ = P.shape
+        if not np.all(np.isfinite(P)) or np.any(P < 0):
+            raise ValueError("P must hold finite, non-negative probabilities")
+        row_sums = P.sum(axis=2)
+        bad = np.argwhere(np.abs(row_sums - 1.0) > _ROW_SUM_ATOL)
+        if len(bad):
+            s, a = bad[0]
+            raise ValueError(
+                f"transition rows must sum to 1: P[{s}, {a}, :] sums to {row_sums[s, a]:.6g} "
+                f"({len(bad)} bad row(s) in all)"
+            )
+
+        R = np.asarray(self.R, dtype=float)
+        if R.shape == (num_states, num_actions):
+            R = np.broadcast_to(R[:, :, None], P.shape).copy()
+        if R.shape != P.shape:
+            raise ValueError(f"R must have shape {P.shape} or {(num_states, num_actions)}, got {R.shape}")
+        if not np.all(np.isfinite(R)):
+            raise ValueError("R holds NaN or infinite rewards")
+
+        terminal = np.zeros(num_states, bool) if self.terminal is None else np.asarray(self.terminal, bool)
+        if terminal.shape != (num_states,):
+            raise ValueError(f"terminal must have shape ({num_states},), got {terminal.shape}")
+
+        if self.initial is None:
+            initial = (~terminal).astype(float) if not terminal.all() else np.ones(num_states)
+            initial /= initial.sum()
+        else:
+            initial = np.asarray(self.initial, dtype=float)
+            if initial.shape != (num_states,):
+                raise ValueError(f"initial must have shape ({num_states},), got {initial.shape}")
+            if np.any(initial < 0) or abs(initial.sum() - 1.0) > _ROW_SUM_ATOL:
+                raise ValueError(f"initial must be a probability vector, it sums to {initial.sum():.6g}")
+
+        for name, value in [("P", P), ("R", R), ("terminal", terminal), ("initial", initial)]:
+            value.setflags(write=False)
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "gamma", check_gamma(self.gamma))
+
+    @property
+    def num_states(self) -> int:
+        return self.P.shape[0]
+
+    @property
+    def num_actions(self) -> int:
+        return self.P.shape[1]
+
+    @property
+    def expected_reward(self) -> np.ndarray:
+        """``r(s, a) = sum_s' P(s'|s,a) R(s,a,s')``, shape ``(S, A)``."""
+        return np.einsum("ijk,ijk->ij", self.P, self.R)
+
+    @property
+    def continuation(self) -> np.ndarray:
+        """``P(s'|s,a) * (1 - terminal[s'])``, shape ``(S, A, S)``: the probability of going on from ``s'``."""
+        return self.P * (~self.terminal)[None, None, :]
+
+    def with_gamma(self, gamma: float) -> FiniteMDP:
+        """The same MDP with another discount factor."""
+        return FiniteMDP(self.P, self.R, gamma, self.terminal, self.initial, self.shape, self.desc)
+
+    def check_state(self, s) -> int:
+        """Return ``s`` as an int, or raise if it is not a state of this MDP."""
+        return _check_index(s, self.num_states, "state")
+
+    def check_action(self, a) -> int:
+        """Return ``a`` as an int, or raise if it is not an action of this MDP."""
+        return _check_index(a, self.num_actions, "action")
+
+    @classmethod
+    def from_gymnasium(cls, env, gamma: float = 0.99) -> FiniteMDP:
+        """Build the exact model of a gymnasium toy-text environment (FrozenLake, CliffWalking, Taxi...).
+
+        Toy-text environments expose their dynamics as ``env.unwrapped.P[s][a]``, a list of
+        ``(probability, next_state, reward, terminated)`` tuples; this turns them into dense arrays.
+        A state is terminal when some transition into it ends the episode.
+        """
+        unwrapped = getattr(env, "unwrapped", env)
+        table = getattr(unwrapped, "P", None)
+        if not isinstance(table, dict):
+            raise TypeError(
+                f"{type(unwrapped).__name__} exposes no transition table env.unwrapped.P; "
+                "only gymnasium's toy-text environments (FrozenLake, CliffWalking, Taxi) do"
+            )
+        num_states = int(unwrapped.observation_space.n)
+        num_actions = int(unwrapped.action_space.n)
+        P = np.zeros((num_states, num_actions, num_states))
+        R = np.zeros((num_states, num_actions, num_states))
+        ends = np.zeros(num_states, dtype=int)  # -1: some transition into s goes on, +1: some ends there
+        for s, row in table.items():
+            for a, outcomes in row.items():
+                for prob, s_next, reward, terminated in outcomes:
+                    s_next = int(s_next)
+                    # Several outcomes may share a next state (FrozenLake at a wall): accumulate, and keep
+                    # the probability-weighted reward so that the expected reward is exact.
+                    R[s, a, s_next] = (R[s, a, s_next] * P[s, a, s_next] + prob * reward) / max(
+                        P[s, a, s_next] + prob, 1e-300
+                    )
+                    P[s, a, s_next] += prob
+                    if prob > 0:
+                        if ends[s_next] == (-1 if terminated else 1):
+                            raise ValueError(f"state {s_next} is entered both with and without termination")
+                        ends[s_next] = 1 if terminated else -1
+        initial = getattr(unwrapped, "initial_state_distrib", None)
+        shape = getattr(unwrapped, "shape", None)
+        if shape is None and hasattr(unwrapped, "nrow"):
+            shape = (int(unwrapped.nrow), int(unwrapped.ncol))
+        desc = getattr(unwrapped, "desc", None)
+        if desc is not None:
+            desc = np.asarray(desc).astype(str)
+        return cls(P, R, gamma, terminal=ends == 1, initial=initial, shape=shape, desc=desc)
+
+
+def _check_index(i, n: int, what: str) -> int:
+    if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+        raise TypeError(f"{what} must be an integer index, got {i!r}")
+    if not 0 <= i < n:
+        raise IndexError(f"unknown {what} {int(i)}: valid {what}s are 0..{n - 1}")
+    return int(i)
