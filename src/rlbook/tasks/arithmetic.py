@@ -1,0 +1,106 @@
+"""Integer arithmetic: ``"23+58="`` -> ``"81"``.
+
+Reward (the convention of :mod:`rlbook.tasks.base`): ``correct_reward`` when the completion, after stripping
+surrounding spaces, is *exactly* the canonical decimal form of the result, else ``incorrect_reward``.
+Canonical means what Python's ``str(int)`` writes: no leading zeros (``"081"`` is wrong), no plus sign
+(``"+81"`` is wrong), a minus sign only for negative results (``"-0"`` is wrong), no inner spaces.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlbook.tasks.base import DEFAULT_MAX_COMPLETION_LENGTH, Example, Task, check_int
+
+OPERATIONS = "+-*"
+
+
+class Arithmetic(Task):
+    """Binary arithmetic on non-negative integers with up to ``num_digits`` digits each.
+
+    Prompt ``f"{a}{op}{b}="``, answer ``str(result)``; e.g. ``"23+58="`` -> ``"81"``, ``"7*12="`` -> ``"84"``.
+
+    Args:
+        num_digits: operands are drawn uniformly from ``0 .. 10**num_digits - 1`` (the difficulty knob).
+        operations: the operators to draw from uniformly, a non-empty string over ``"+-*"`` without repeats.
+        allow_negative: if False, a subtraction ``a-b`` with ``a < b`` is written ``b-a`` so every answer is
+            non-negative; if True the answer may start with ``"-"``.
+        correct_reward, incorrect_reward, max_completion_length: see :class:`rlbook.tasks.base.Task`.
+    """
+
+    name = "arithmetic"
+
+    def __init__(
+        self,
+        num_digits: int = 2,
+        operations: str = "+",
+        allow_negative: bool = False,
+        correct_reward: float = 1.0,
+        incorrect_reward: float = 0.0,
+        max_completion_length: int = DEFAULT_MAX_COMPLETION_LENGTH,
+    ):
+        self.num_digits = check_int(num_digits, "num_digits", minimum=1)
+        if not isinstance(operations, str) or len(operations) == 0:
+            raise ValueError(f"operations must be a non-empty string over {OPERATIONS!r}, got {operations!r}")
+        for operation in operations:
+            if operation not in OPERATIONS:
+                raise ValueError(f"unknown operation {operation!r} in operations={operations!r}; "
+                                 f"choose from {OPERATIONS!r}")
+        if len(set(operations)) != len(operations):
+            raise ValueError(f"operations={operations!r} repeats an operation")
+        self.operations = operations
+        self.allow_negative = bool(allow_negative)
+        super().__init__(correct_reward, incorrect_reward, max_completion_length)
+
+    @property
+    def max_prompt_length(self) -> int:
+        """Two operands, the operator and ``"="``: ``2 * num_digits + 2`` characters."""
+        return 2 * self.num_digits + 2
+
+    @property
+    def max_demonstration_length(self) -> int:
+        """The longest answer: ``num_digits + 1`` for a sum or a negative difference, ``2 * num_digits`` for a
+        product, ``num_digits`` for a non-negative difference."""
+        longest_answer = {
+            "+": self.num_digits + 1,
+            "-": self.num_digits + 1 if self.allow_negative else self.num_digits,
+            "*": 2 * self.num_digits,
+        }
+        return max(longest_answer[operation] for operation in self.operations)
+
+    def config(self) -> dict:
+        return {"num_digits": self.num_digits, "operations": self.operations,
+                "allow_negative": self.allow_negative, **super().config()}
+
+    def sample_one(self, rng: np.random.Generator) -> Example:
+        """Draw operands and an operator; returns an Example with ``meta`` = operands, operator, result."""
+        high = 10 ** self.num_digits
+        a = int(rng.integers(0, high))
+        b = int(rng.integers(0, high))
+        operation = self.operations[int(rng.integers(0, len(self.operations)))]
+        if operation == "-" and not self.allow_negative and a < b:
+            a, b = b, a
+        result = {"+": a + b, "-": a - b, "*": a * b}[operation]
+        return Example(prompt=f"{a}{operation}{b}=", answer=str(result),
+                       meta={"a": a, "b": b, "operation": operation, "result": result})
+
+    def check_answer(self, example: Example, text: str) -> bool:
+        """Exact match of the stripped text with the canonical answer (no leading zeros, no ``+``)."""
+        return text.strip(" ") == example.answer
+
+    def near_miss(self, example: Example, rng: np.random.Generator) -> str:
+        """A plausible wrong answer in canonical form: off by one, off by ten (a dropped carry), or two adjacent
+        digits swapped."""
+        result = int(example.answer)
+        candidates = {result + 1, result - 1, result + 10, result - 10}
+        digits = str(abs(result))
+        for i in range(len(digits) - 1):
+            swapped = digits[:i] + digits[i + 1] + digits[i] + digits[i + 2:]
+            if swapped[0] != "0":  # "10" -> "01" would be a different number of digits, not a swap
+                candidates.add(int(swapped) * (-1 if result < 0 else 1))
+        candidates.discard(result)
+        answers_can_be_negative = self.allow_negative and "-" in self.operations
+        if not answers_can_be_negative:
+            candidates = {value for value in candidates if value >= 0}
+        candidates = sorted(candidates)
+        return str(candidates[int(rng.integers(0, len(candidates)))])

@@ -1,0 +1,202 @@
+"""The common interface of every verifiable-reward task: an :class:`Example` and a :class:`Task`.
+
+A task samples prompts with reference answers, writes the demonstration a model is fine-tuned on (SFT), and
+scores what a model writes after the prompt with a rule, not a learned reward model.
+
+The reward convention (the same for every task in :mod:`rlbook.tasks`):
+
+- A *completion* is the decoded text the model produced after the prompt, with the EOS token already
+  stripped. ``truncated=True`` means the model hit its token budget without emitting EOS.
+- ``reward = correct_reward`` (default ``1.0``) when the completion is correct, ``incorrect_reward``
+  (default ``0.0``) otherwise. DAPO's rule-based reward is ``correct_reward=1.0, incorrect_reward=-1.0``.
+  A task with partial credit returns ``incorrect_reward + score * (correct_reward - incorrect_reward)`` with
+  ``score`` in [0, 1]; without partial credit ``score`` is 1 or 0.
+- Before a task looks at the text, a completion is scored as incorrect (score 0) when it is truncated,
+  longer than ``max_completion_length`` characters, or contains a character outside
+  :data:`rlbook.vocab.ALPHABET` (tabs, newlines, unicode, ...). Garbage is never an error.
+- Surrounding spaces are stripped before the answer is compared; nothing else is forgiven.
+- A completion that is not a ``str`` (``None``, bytes, a number) raises ``TypeError``: a model always
+  produces text, so a ``None`` means the calling code is broken, and scoring it 0 would hide that bug.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rlbook.vocab import ALPHABET
+
+ALPHABET_SET = frozenset(ALPHABET)
+DEFAULT_MAX_COMPLETION_LENGTH = 1024
+
+
+@dataclass(frozen=True)
+class Example:
+    """One problem of a task.
+
+    Args:
+        prompt: the text the model is conditioned on, e.g. ``"23+58="``.
+        answer: the reference answer, e.g. ``"81"`` (for a constraint task: one valid string).
+        meta: task-specific facts about the problem (operands, target length, ...), for analysis only;
+            rewards never read it, so an ``Example`` written by hand needs no ``meta``.
+    """
+
+    prompt: str
+    answer: str
+    meta: dict = field(default_factory=dict, hash=False)
+
+
+def uses_only_alphabet(text: str) -> bool:
+    """Return True when every character of ``text`` belongs to :data:`rlbook.vocab.ALPHABET`."""
+    return all(character in ALPHABET_SET for character in text)
+
+
+def check_int(value, name: str, minimum: int | None = None) -> int:
+    """Return ``value`` as an int, or raise ValueError naming ``name`` if it is not an integer >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_range(low: int, high: int, low_name: str, high_name: str) -> None:
+    """Raise ValueError if ``low > high``, naming both bounds."""
+    if low > high:
+        raise ValueError(f"{low_name} ({low}) must be <= {high_name} ({high})")
+
+
+class Task:
+    """A verifiable-reward task: sample problems, write demonstrations, score completions.
+
+    Subclasses set ``name``, implement :meth:`sample_one`, :meth:`check_answer`, :meth:`near_miss` and the two
+    length properties, and may override :meth:`demonstration` and :meth:`score`. A subclass stores its own
+    arguments first and then calls ``super().__init__``, which checks ``max_completion_length`` against the
+    longest demonstration.
+
+    Args:
+        correct_reward: reward of a correct completion (1.0 by default).
+        incorrect_reward: reward of anything else (0.0 by default; -1.0 for DAPO's +-1 rewards).
+        max_completion_length: completions longer than this many characters are incorrect.
+    """
+
+    name = "task"
+
+    def __init__(
+        self,
+        correct_reward: float = 1.0,
+        incorrect_reward: float = 0.0,
+        max_completion_length: int = DEFAULT_MAX_COMPLETION_LENGTH,
+    ):
+        correct_reward = float(correct_reward)
+        incorrect_reward = float(incorrect_reward)
+        if not np.isfinite(correct_reward) or not np.isfinite(incorrect_reward):
+            raise ValueError(f"rewards must be finite, got correct_reward={correct_reward}, "
+                             f"incorrect_reward={incorrect_reward}")
+        if not correct_reward > incorrect_reward:
+            raise ValueError(f"correct_reward ({correct_reward}) must be greater than "
+                             f"incorrect_reward ({incorrect_reward})")
+        self.correct_reward = correct_reward
+        self.incorrect_reward = incorrect_reward
+        self.max_completion_length = check_int(max_completion_length, "max_completion_length", minimum=1)
+        if self.max_completion_length < self.max_demonstration_length:
+            raise ValueError(f"max_completion_length ({self.max_completion_length}) must be >= the longest "
+                             f"demonstration ({self.max_demonstration_length} characters)")
+
+    # --- what subclasses provide ---------------------------------------------------------------------------
+
+    @property
+    def max_prompt_length(self) -> int:
+        """The longest prompt this task can sample, in characters."""
+        raise NotImplementedError
+
+    @property
+    def max_demonstration_length(self) -> int:
+        """The longest demonstration this task can write, in characters (EOS not counted)."""
+        raise NotImplementedError
+
+    def sample_one(self, rng: np.random.Generator) -> Example:
+        """Draw one problem using ``rng``."""
+        raise NotImplementedError
+
+    def check_answer(self, example: Example, text: str) -> bool:
+        """Return True when ``text`` answers ``example`` correctly.
+
+        ``text`` has already passed :meth:`is_well_formed` (not truncated, not too long, only ALPHABET
+        characters). Surrounding spaces are not yet stripped.
+        """
+        raise NotImplementedError
+
+    def near_miss(self, example: Example, rng: np.random.Generator) -> str:
+        """Return a plausible but incorrect completion for ``example`` (the *rejected* side of a DPO pair)."""
+        raise NotImplementedError
+
+    def config(self) -> dict:
+        """The constructor arguments of this task, so that ``type(task)(**task.config())`` rebuilds it."""
+        return {
+            "correct_reward": self.correct_reward,
+            "incorrect_reward": self.incorrect_reward,
+            "max_completion_length": self.max_completion_length,
+        }
+
+    # --- shared behaviour ----------------------------------------------------------------------------------
+
+    def sample(self, n: int, seed) -> list[Example]:
+        """Draw ``n`` problems; the same ``seed`` (an int, or a numpy Generator) always gives the same list."""
+        n = check_int(n, "n", minimum=1)
+        rng = np.random.default_rng(seed)
+        return [self.sample_one(rng) for _ in range(n)]
+
+    def demonstration(self, example: Example) -> str:
+        """The target completion for SFT (EOS not included): by default the reference answer."""
+        return example.answer
+
+    def is_well_formed(self, completion: str, truncated: bool = False) -> bool:
+        """The checks shared by all tasks: False if truncated, longer than ``max_completion_length``, or holding
+        a character outside ALPHABET. Raises TypeError if ``completion`` is not a ``str``.
+        """
+        if not isinstance(completion, str):
+            raise TypeError(f"completion must be a str, got {type(completion).__name__}")
+        if truncated:
+            return False
+        if len(completion) > self.max_completion_length:
+            return False
+        return uses_only_alphabet(completion)
+
+    def is_correct(self, example: Example, completion: str, truncated: bool = False) -> bool:
+        """Return True when ``completion`` is well formed (:meth:`is_well_formed`) and answers ``example``."""
+        return self.is_well_formed(completion, truncated) and self.check_answer(example, completion)
+
+    def score(self, example: Example, completion: str, truncated: bool = False) -> float:
+        """The fraction of the task that ``completion`` gets right, in [0, 1]: here 1.0 if correct, else 0.0."""
+        return 1.0 if self.is_correct(example, completion, truncated) else 0.0
+
+    def reward(self, example: Example, completion: str, truncated: bool = False) -> float:
+        """The scalar reward of one completion: ``correct_reward`` if correct, else ``incorrect_reward``.
+
+        With partial credit, ``incorrect_reward + score * (correct_reward - incorrect_reward)``.
+        """
+        score = self.score(example, completion, truncated)
+        return self.incorrect_reward + score * (self.correct_reward - self.incorrect_reward)
+
+    def rewards(self, examples, completions, truncated=None) -> np.ndarray:
+        """Rewards of a batch: ``examples[i]`` with ``completions[i]``; returns float64 of shape ``(B,)``.
+
+        ``truncated`` is None (nothing truncated) or a sequence of ``B`` booleans.
+        """
+        examples, completions = list(examples), list(completions)
+        if len(examples) != len(completions):
+            raise ValueError(f"got {len(examples)} examples but {len(completions)} completions")
+        if truncated is None:
+            truncated = [False] * len(completions)
+        truncated = list(truncated)
+        if len(truncated) != len(completions):
+            raise ValueError(f"got {len(completions)} completions but {len(truncated)} truncated flags")
+        rewards = [self.reward(example, completion, bool(is_truncated))
+                   for example, completion, is_truncated in zip(examples, completions, truncated)]
+        return np.asarray(rewards, dtype=np.float64).reshape(len(completions))
+
+    def __repr__(self) -> str:
+        arguments = ", ".join(f"{key}={value!r}" for key, value in self.config().items())
+        return f"{type(self).__name__}({arguments})"
