@@ -98,13 +98,17 @@ class FiniteMDP:
 
     @property
     def expected_reward(self) -> np.ndarray:
-        """``r(s, a) = sum_s' P(s'|s,a) R(s,a,s')``, shape ``(S, A)``."""
-        return np.einsum("ijk,ijk->ij", self.P, self.R)
+        """``r(s, a) = sum_s' P(s'|s,a) R(s,a,s')``, shape ``(S, A)``; 0 in terminal ``s`` (the episode is over)."""
+        return np.einsum("ijk,ijk->ij", self.P, self.R) * (~self.terminal)[:, None]
 
     @property
     def continuation(self) -> np.ndarray:
-        """``P(s'|s,a) * (1 - terminal[s'])``, shape ``(S, A, S)``: the probability of going on from ``s'``."""
-        return self.P * (~self.terminal)[None, None, :]
+        """``P(s'|s,a) * (1 - terminal[s']) * (1 - terminal[s])``, shape ``(S, A, S)``: the probability of going on.
+
+        Nothing is bootstrapped from a terminal ``s'``, and nothing follows a terminal ``s``, so that
+        ``V(terminal) = 0`` even where the environment's table lists moves out of a terminal state (CliffWalking).
+        """
+        return self.P * (~self.terminal)[None, None, :] * (~self.terminal)[:, None, None]
 
     def with_gamma(self, gamma: float) -> FiniteMDP:
         """The same MDP with another discount factor."""
