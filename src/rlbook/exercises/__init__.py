@@ -8,5 +8,18 @@ raises ``AssertionError`` with the first disagreement, and prints ``ok`` when al
 """
 
 from rlbook.exercises._compare import assert_close
+from rlbook.exercises.mdp import (
+    check_average_reward,
+    check_iterative_policy_evaluation,
+    check_q_value_iteration_step,
+)
+from rlbook.exercises.q_learning import check_double_q_learning_update, check_expected_sarsa_update
 
-__all__ = ["assert_close"]
+__all__ = [
+    "assert_close",
+    "check_average_reward",
+    "check_double_q_learning_update",
+    "check_expected_sarsa_update",
+    "check_iterative_policy_evaluation",
+    "check_q_value_iteration_step",
+]
