@@ -10,7 +10,6 @@ CHAPTERS = $(shell grep -rl --include='*.md' '^kernelspec:' book)
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
-export MPLBACKEND = Agg
 export PYTHONHASHSEED = 0
 
 .PHONY: install book test notebooks clean
