@@ -1,0 +1,42 @@
+"""Where tensors live, and in which precision the forward passes run.
+
+Everything in :mod:`rlbook.lm` and :mod:`rlbook.rollout` takes a ``device`` argument; ``None`` means "where the
+model already is". The book runs on a CPU; the same code runs on a CUDA GPU, where bf16 autocast roughly halves
+memory and time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def default_device() -> torch.device:
+    """``cuda`` if a CUDA GPU is visible, else ``cpu``."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_device(device: str | torch.device | None, model: torch.nn.Module | None = None) -> torch.device:
+    """``device`` as a ``torch.device``; ``None`` means where ``model``'s parameters are (else ``default_device()``)."""
+    if device is not None:
+        return torch.device(device)
+    if model is not None:
+        return next(model.parameters()).device
+    return default_device()
+
+
+def autocast(device: str | torch.device | None = None):
+    """A context manager for the forward passes: bf16 autocast on CUDA, a no-op elsewhere.
+
+    On CPU we stay in float32 on purpose: bf16 matmuls are slow on most CPUs, and the tests compare log-probs
+    to 1e-5, which bf16 (8 bits of mantissa) cannot meet. Log-softmax is always taken in float32 anyway
+    (see :func:`rlbook.rollout.sequence_logprobs`).
+
+        with autocast(device):
+            batch = generate_rollouts(model, tokenizer, prompts, device=device)
+    """
+    device = resolve_device(device)
+    if device.type == "cuda":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()

@@ -1,0 +1,450 @@
+"""Rollouts: sample completions from a policy, and recompute the log-probabilities of given completions.
+
+Every policy-gradient method for language models starts the same way: for each prompt ``q`` draw ``G``
+completions ``o ~ pi(. | q)`` and remember, token by token, ``log pi(o_t | q, o_<t)``. Later, the loss recomputes
+those log-probs under the current (or a reference) model. This module does both:
+
+- :func:`generate_rollouts` samples all ``N * G`` completions in one batch with a KV cache and returns a
+  :class:`RolloutBatch`;
+- :func:`sequence_logprobs` recomputes per-token log-probs of the completions, differentiably, without ever
+  holding the full ``(B, T, V)`` float32 logits at once;
+- :func:`encode_completions` puts given texts (SFT demonstrations, DPO pairs) in the same layout.
+
+Conventions (the same as TRL's GRPOTrainer, so numbers can be compared with it):
+
+- prompts are left-padded, completions right-padded: every row's completion starts in the same column;
+- ``completion_mask`` runs up to *and including* the first EOS, and is all ones when there is none;
+- log-probs are taken from ``log_softmax(logits / temperature)`` in float32, at the sampling temperature.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from rlbook.lm.device import resolve_device
+from rlbook.lm.tokenizer import check_tokenizer
+
+
+@dataclass
+class RolloutBatch:
+    """``G = num_generations`` completions for each of ``N`` prompts, as one batch of ``B = N * G`` rows.
+
+    Grouping: rows ``i*G, ..., i*G + G - 1`` are the completions of prompt ``i`` (see :attr:`prompt_index`), so a
+    per-row quantity of shape ``(B,)`` is grouped by ``x.view(N, G)``.
+
+    Shapes (``P`` = longest prompt in tokens, ``T`` = decode steps run, ``T <= max_new_tokens``):
+
+    - ``prompt_ids`` (B, P) long: the prompt tokens, left-padded with the pad id;
+    - ``prompt_mask`` (B, P) long: 1 on real prompt tokens, 0 on padding;
+    - ``completion_ids`` (B, T) long: the sampled tokens, the pad id after the first EOS;
+    - ``completion_mask`` (B, T) long: 1 up to and including the first EOS, 0 after it; all ones if no EOS;
+    - ``logprobs`` (B, T) float32: ``log pi(o_t | q, o_<t)`` of each sampled token under the sampling policy at the
+      sampling temperature, ``log_softmax(logits / temperature)``; 0 where ``completion_mask`` is 0;
+    - ``lengths`` (B,) long: ``completion_mask.sum(-1)``, the number of completion tokens, EOS included;
+    - ``truncated`` (B,) bool: no EOS within ``max_new_tokens`` (TRL logs their fraction as ``clipped_ratio``).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    logprobs: torch.Tensor
+    lengths: torch.Tensor
+    truncated: torch.Tensor
+    num_generations: int
+    temperature: float
+    prompts: list[str] = field(default_factory=list)  # the N prompt strings, before repetition
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    @property
+    def num_prompts(self) -> int:
+        """``N``, the number of distinct prompts."""
+        return len(self) // self.num_generations
+
+    @property
+    def prompt_index(self) -> torch.Tensor:
+        """(B,) long: the prompt each row answers, ``[0]*G + [1]*G + ...``."""
+        return torch.arange(len(self), device=self.completion_ids.device) // self.num_generations
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """(B, P + T) long: prompt and completion side by side, the input of a training forward pass."""
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """(B, P + T) long: ``prompt_mask`` then ``completion_mask`` (tokens after the first EOS are padding)."""
+        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+
+    def decode_completions(self, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+        """The B completions as text, EOS and padding stripped.
+
+        Like TRL, we decode with ``skip_special_tokens=True``, so a special token sampled *inside* a completion
+        (a stray ``<bos>`` or ``<pad>``) is dropped from the text too; it still counts in ``lengths``.
+        """
+        ids = self.completion_ids.masked_fill(self.completion_mask == 0, tokenizer.pad_token_id)
+        return tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)
+
+    def to(self, device: str | torch.device) -> RolloutBatch:
+        """A copy with every tensor moved to ``device``."""
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
+        return RolloutBatch(**moved)
+
+
+@torch.no_grad()  # not inference_mode: the tensors we return are used as inputs of a training forward pass later
+def generate_rollouts(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    num_generations: int = 1,
+    max_new_tokens: int = 32,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    greedy: bool = False,
+    seed: int | torch.Generator | None = None,
+    device: str | torch.device | None = None,
+    shrink_batch: bool = True,
+) -> RolloutBatch:
+    """Sample ``num_generations`` completions for every prompt, all ``B = N * G`` rows in one batch.
+
+    The procedure, written out instead of calling ``model.generate``:
+
+    1. tokenize the ``N`` prompts, left-padded to a common length ``P``;
+    2. *prefill*: one forward pass over the ``N`` prompts fills the KV cache and gives the first next-token
+       logits; both are then repeated ``G`` times (``repeat_interleave``), so each prompt is processed once,
+       not ``G`` times as when ``generate`` is given the repeated prompts;
+    3. *decode*: each step samples one token per row, records its log-prob, and feeds only that token (the cache
+       holds the rest). A row that has emitted EOS is finished and is fed padding; once half of the batch has
+       finished, the batch and its cache are halved (``generate`` keeps decoding finished rows to the end), and
+       the loop stops when every row is done.
+
+    Position ids count real tokens only (``cumsum`` of the attention mask), so a left-padded prompt is processed
+    exactly as the same prompt unpadded; the attention mask hides the padding.
+
+    Sampling: ``token ~ softmax(filter(logits / temperature))`` where ``filter`` keeps the ``top_k`` most likely
+    tokens and/or the smallest set whose probability reaches ``top_p``; ``greedy=True`` takes the argmax instead.
+    The recorded ``logprobs`` are ``log_softmax(logits / temperature)`` of the chosen token over the *whole*
+    vocabulary: top-k/top-p truncation is not reflected (as in TRL and verl). The reason: the training side
+    recomputes log-probs with :func:`sequence_logprobs`, which knows nothing of the truncation, and the importance
+    ratio ``pi_theta / pi_old`` must compare like with like (it must be exactly 1 before the first update). The
+    price is that with truncation the samples come from a slightly different distribution than the one whose
+    log-probs we record; at ``top_k=None, top_p=None`` (the RL default) the two agree exactly.
+
+    ``seed`` (an int, or a ``torch.Generator`` on ``device``) makes the draw reproducible; ``None`` uses torch's
+    global random stream. The model is put in eval mode while sampling and restored afterwards.
+
+    ``shrink_batch=False`` keeps every row in the batch to the end, as ``generate`` does: one batch shape
+    throughout. Measured on an H200 under bf16 autocast (bench/rollout_bench.py), the halved batches' new shapes
+    cost more in cuDNN attention planning than they saved, for these tiny models; on a CPU shrinking only helps.
+    """
+    _check_sampling_args(prompts, num_generations, max_new_tokens, temperature, top_k, top_p)
+    check_tokenizer(tokenizer)
+    device = resolve_device(device, model)
+    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+
+    # 1. Prompts: left-padded, (N, P). Each is prefilled once; the cache is then repeated G times, so that rows
+    #    i*G .. i*G+G-1 belong to prompt i (generate() instead repeats the prompts and prefills each G times).
+    encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
+    prompt_ids, prompt_mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
+    _check_prompt_lengths(model, prompt_mask, max_new_tokens)
+    G, T = num_generations, max_new_tokens
+    B, P = len(prompts) * G, prompt_ids.shape[1]
+
+    generator = _generator(seed, device)
+    completion_ids = torch.full((B, T), pad_id, dtype=torch.long, device=device)
+    completion_mask = torch.zeros((B, T), dtype=torch.long, device=device)
+    logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)  # has the row emitted EOS yet?
+    cache = DynamicCache(config=model.config)
+    cache_kwarg = _cache_kwarg(model)
+
+    was_training = model.training
+    model.eval()
+    try:
+        # 2. Prefill: position ids 0, 1, 2, ... over the real tokens (padding gets 0; it is masked anyway).
+        position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids,
+                    use_cache=True, logits_to_keep=1, **{cache_kwarg: cache})
+        next_logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # (B, V): the first completion token
+        cache.batch_repeat_interleave(G)
+        prompt_ids, prompt_mask = prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0)
+        prompt_lengths = prompt_mask.sum(-1)  # (B,): the first completion token sits at this position
+        # The attention mask grows by one column per step; build it once and slice. Finished rows attend to
+        # their padding too (mask 1): harmless, nothing they compute after EOS is kept.
+        attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones((B, T))], dim=1)  # (B, P + T)
+
+        # 3. Decode: the only Python loop, one iteration per generated token. `rows` lists the rows of the full
+        #    batch that are still in the model's batch (and cache); it shrinks as rows finish, see below.
+        rows = torch.arange(B, device=device)
+        for t in range(T):
+            scores = next_logits.float() / temperature  # (b, V) float32, b = len(rows)
+            if greedy:
+                token = scores.argmax(-1)
+            else:
+                probs = F.softmax(_filter_top_k_top_p(scores, top_k, top_p), dim=-1)
+                token = _sample(probs, generator)  # (b,)
+            token_logprob = scores.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)  # untruncated, see above
+
+            alive = ~done[rows]  # still generating: this token is part of the completion (EOS included)
+            completion_ids[rows, t] = torch.where(alive, token, pad_id)
+            completion_mask[rows, t] = alive.long()
+            logprobs[rows, t] = torch.where(alive, token_logprob, 0.0)
+            done[rows] = ~alive | (token == eos_id)
+            steps = t + 1
+            num_alive = int((~done[rows]).sum())  # one host-device sync per step, as in generate()
+            if steps == T or num_alive == 0:  # stop early once every row has ended
+                break
+            # Halve the batch once half of it has finished: decoding finished rows is wasted work, which generate()
+            # keeps doing until the last row ends. Halving (rather than dropping each finished row at once) keeps
+            # the batch sizes to B, B/2, B/4, ...: few copies of the cache, and few distinct shapes, which matters
+            # on a GPU, where attention kernels (cuDNN's under bf16) are planned anew for every new shape.
+            size = len(rows)
+            while shrink_batch and num_alive <= size // 2:
+                size //= 2
+            if size < len(rows):
+                keep = done[rows].to(torch.int8).argsort(stable=True)[:size]  # unfinished rows first
+                cache.batch_select_indices(keep)
+                rows = rows[keep]
+            out = model(input_ids=completion_ids[rows, t : t + 1], attention_mask=attention_mask[rows, : P + steps],
+                        position_ids=(prompt_lengths[rows] + t)[:, None], use_cache=True, **{cache_kwarg: cache})
+            next_logits = out.logits[:, -1]
+    finally:
+        model.train(was_training)
+
+    completion_mask = completion_mask[:, :steps]
+    return RolloutBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids[:, :steps],
+        completion_mask=completion_mask,
+        logprobs=logprobs[:, :steps],
+        lengths=completion_mask.sum(-1),
+        truncated=~done,
+        num_generations=num_generations,
+        temperature=float(temperature),
+        prompts=list(prompts),
+    )
+
+
+def encode_completions(
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    completions: list[str],
+    device: str | torch.device | None = None,
+    add_eos: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tokenize given (prompt, completion) texts in the layout of a :class:`RolloutBatch`, for teacher forcing.
+
+    Returns ``input_ids`` (B, P + T), ``attention_mask`` (B, P + T) and ``completion_mask`` (B, T): the prompts
+    left-padded (as the tokenizer encodes them, BOS included), then the completions right-padded, each followed by
+    EOS when ``add_eos`` (so the model learns to stop), exactly what :func:`sequence_logprobs` takes. This is how
+    SFT demonstrations and DPO's chosen/rejected answers enter the same log-prob path as sampled completions.
+
+    The prompt and the completion are tokenized separately. With a character tokenizer that is the same as
+    tokenizing their concatenation; with a BPE tokenizer the tokens at the seam can differ (TRL checks for this).
+    """
+    if isinstance(prompts, str) or isinstance(completions, str):
+        raise TypeError("prompts and completions must be lists of strings")
+    if len(prompts) == 0 or len(prompts) != len(completions):
+        raise ValueError(f"need as many completions as prompts, at least one: got {len(prompts)} prompts and "
+                         f"{len(completions)} completions")
+    check_tokenizer(tokenizer)
+    device = resolve_device(device)
+    prompt = tokenizer(list(prompts), padding=True, padding_side="left", return_tensors="pt")
+    completion = tokenizer(list(completions), add_special_tokens=False, padding=True, padding_side="right",
+                           return_tensors="pt")
+    completion_ids, completion_mask = completion["input_ids"], completion["attention_mask"]
+    if add_eos:  # write EOS just after each completion's last token, in one extra column
+        B = len(prompts)
+        completion_ids = torch.cat([completion_ids, completion_ids.new_full((B, 1), tokenizer.pad_token_id)], dim=1)
+        completion_mask = torch.cat([completion_mask, completion_mask.new_zeros((B, 1))], dim=1)
+        end = completion_mask.sum(-1, keepdim=True)  # (B, 1): the first free column of each row
+        completion_ids.scatter_(1, end, tokenizer.eos_token_id)
+        completion_mask.scatter_(1, end, 1)
+    if completion_ids.shape[1] == 0:
+        raise ValueError("every completion is empty and add_eos=False: there is no token to score")
+    input_ids = torch.cat([prompt["input_ids"], completion_ids], dim=1)
+    attention_mask = torch.cat([prompt["attention_mask"], completion_mask], dim=1)
+    return input_ids.to(device), attention_mask.to(device), completion_mask.to(device)
+
+
+def sequence_logprobs(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Per-token log-probs of the completions in ``input_ids``, shape (B, T) float32, 0 where the mask is 0.
+
+    ``input_ids`` (B, L) holds prompt then completion (e.g. :attr:`RolloutBatch.input_ids`), ``attention_mask``
+    (B, L) marks real tokens, and ``completion_mask`` (B, T) says which of the *last* ``T`` columns are completion
+    tokens to score. For each of them, with ``z`` the logits at the position before,
+
+        log pi(o_t | q, o_<t) = z[o_t] / temperature - logsumexp(z / temperature)
+
+    computed in float32 (bf16 logits lose about two decimal digits, too many for a probability ratio).
+
+    Memory, written for the real case of a 150k-token vocabulary: one forward pass through the transformer body
+    gives hidden states (B, L, H); only the ones that predict a scored token (completion_mask == 1) go through
+    the output layer, ``chunk_size`` tokens at a time, so at most ``chunk_size x V`` float32 logits exist at once.
+    ``None`` picks ``chunk_size = 2**26 // V`` (256 MiB of logits): 441 tokens for Qwen2.5's 151,936-token
+    vocabulary, every token at once for our 62. When gradients are needed each chunk is checkpointed: backward
+    recomputes its logits rather than keeping all of them alive until the loss is done.
+
+    Differentiable (use it inside a loss), and cheap under ``torch.no_grad()`` (the reference model). Assumes the
+    logits are ``lm_head(last hidden state)``, true of Llama, Qwen2/2.5/3, Mistral; models that soft-cap or scale
+    their logits (Gemma 2, Cohere) are refused.
+    """
+    _check_logprob_args(input_ids, attention_mask, completion_mask, temperature, chunk_size)
+    if getattr(model.config, "final_logit_softcapping", None) or getattr(model.config, "logit_scale", None):
+        raise NotImplementedError("sequence_logprobs assumes logits = lm_head(hidden); this model rescales them")
+    (B, L), T = input_ids.shape, completion_mask.shape[1]
+    body, head = model.base_model, model.get_output_embeddings()
+
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as during sampling: padding does not count
+    hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                  use_cache=False).last_hidden_state  # (B, L, H)
+    # The hidden state at column j predicts the token at column j + 1: the completion's T tokens (columns
+    # L-T .. L-1) are predicted from columns L-T-1 .. L-2.
+    hidden = hidden[:, L - T - 1 : L - 1]  # (B, T, H)
+    targets = input_ids[:, L - T :]  # (B, T)
+    scored = completion_mask.bool()
+    hidden, targets = hidden[scored], targets[scored]  # (n, H), (n,): only the tokens we score
+
+    chunk_size = chunk_size or max(1, _LOGITS_PER_CHUNK // head.weight.shape[0])
+    pieces = []
+    for start in range(0, len(targets), chunk_size):
+        h, y = hidden[start : start + chunk_size], targets[start : start + chunk_size]
+        if torch.is_grad_enabled() and h.requires_grad:
+            pieces.append(checkpoint(_token_logprobs, head, h, y, temperature, use_reentrant=False))
+        else:
+            pieces.append(_token_logprobs(head, h, y, temperature))
+    values = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+    # Scatter back into (B, T); masked_scatter is differentiable with respect to `values`.
+    return torch.zeros((B, T), dtype=torch.float32, device=input_ids.device).masked_scatter(scored, values)
+
+
+_LOGITS_PER_CHUNK = 2**26  # float32 logits per chunk in sequence_logprobs by default: 256 MiB
+
+
+def _token_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float):
+    """(n, H) hidden states, (n,) targets -> (n,) float32 ``log softmax(head(hidden) / temperature)[targets]``."""
+    logits = head(hidden).float() / temperature  # (n, V) float32
+    # gather - logsumexp gives the same number as log_softmax(...).gather(...) without a second (n, V) tensor.
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+def _filter_top_k_top_p(scores: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """(B, V) scores with every token outside the top-k / top-p (nucleus) set set to ``-inf``.
+
+    Top-p keeps, per row, the most likely tokens until their probability reaches ``top_p`` (the token that
+    crosses the threshold is kept, so the set is never empty), as ``transformers``' TopPLogitsWarper.
+    """
+    if top_k is not None and top_k < scores.shape[-1]:
+        kth_best = scores.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        scores = scores.masked_fill(scores < kth_best, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_scores, order = scores.sort(dim=-1, descending=True)
+        sorted_probs = sorted_scores.softmax(-1)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs  # probability of the strictly better tokens
+        drop_sorted = mass_before >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores
+
+
+def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from (B, V) probabilities: ``argmax_v probs[v] / E_v`` with ``E_v ~ Exponential(1)``.
+
+    An exact draw from the categorical distribution (the "exponential race", equivalent to the Gumbel-max trick):
+    ``E_v / probs[v]`` is exponential with rate ``probs[v]``, and the smallest of independent exponentials is
+    ``v`` with probability ``probs[v] / sum(probs)``. ``torch.multinomial(probs, 1)`` draws the same way (on a
+    CPU it gives the very same tokens from the same generator); written out here so that the trick is visible.
+    """
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return (probs / race).argmax(dim=-1)
+
+
+def _generator(seed: int | torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """The random stream for sampling: a new generator seeded with ``seed``, the one given, or None (global)."""
+    if seed is None:
+        return None
+    if isinstance(seed, torch.Generator):
+        if seed.device.type != device.type:
+            raise ValueError(f"the generator is on {seed.device.type} but sampling runs on {device}; "
+                             f"create it with torch.Generator(device={str(device)!r})")
+        return seed
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int(seed))
+    return generator
+
+
+def _cache_kwarg(model: PreTrainedModel) -> str:
+    # transformers 5 renamed the forward argument `past_key_values` to `cache` (the old name warns until 5.40).
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _check_sampling_args(prompts, num_generations, max_new_tokens, temperature, top_k, top_p) -> None:
+    if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a list of strings, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty: nothing to sample")
+    if not all(isinstance(p, str) for p in prompts):
+        raise TypeError("prompts must be a list of strings")
+    if not isinstance(num_generations, int) or num_generations < 1:
+        raise ValueError(f"num_generations must be an integer >= 1, got {num_generations!r}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature} (for argmax decoding pass greedy=True)")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be None or in (0, 1], got {top_p}")
+
+
+def _check_prompt_lengths(model: PreTrainedModel, prompt_mask: torch.Tensor, max_new_tokens: int) -> None:
+    lengths = prompt_mask.sum(-1)
+    if bool((lengths == 0).any()):
+        raise ValueError("a prompt encodes to zero tokens; the model needs at least one token to condition on")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    longest = prompt_mask.shape[1]
+    if limit is not None and longest + max_new_tokens > limit:
+        raise ValueError(
+            f"the longest prompt has {longest} tokens; with max_new_tokens={max_new_tokens} a sequence would need "
+            f"{longest + max_new_tokens} positions, more than the model's max_position_embeddings={limit}"
+        )
+
+
+def _check_logprob_args(input_ids, attention_mask, completion_mask, temperature, chunk_size) -> None:
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must have shape (B, L), got {tuple(input_ids.shape)}")
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask {tuple(attention_mask.shape)} must have the shape of input_ids {tuple(input_ids.shape)}"
+        )
+    if completion_mask.ndim != 2 or completion_mask.shape[0] != input_ids.shape[0]:
+        raise ValueError(
+            f"completion_mask must have shape (B, T) with B = {input_ids.shape[0]} rows like input_ids, "
+            f"got {tuple(completion_mask.shape)}"
+        )
+    if not 1 <= completion_mask.shape[1] < input_ids.shape[1]:
+        raise ValueError(
+            f"completion_mask covers the last T = {completion_mask.shape[1]} columns of input_ids; need "
+            f"1 <= T < L = {input_ids.shape[1]} (at least one prompt token comes first)"
+        )
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be None or an integer >= 1, got {chunk_size!r}")

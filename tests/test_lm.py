@@ -1,0 +1,206 @@
+"""Tests for rlbook.lm: the character tokenizer, the tiny Llama/Qwen2 models, saving/loading, devices."""
+
+import copy
+import random
+
+import pytest
+import torch
+
+from rlbook.lm import (
+    MODEL_SIZES,
+    VOCAB,
+    autocast,
+    build_model,
+    build_tokenizer,
+    check_tokenizer,
+    count_parameters,
+    default_device,
+    load_policy,
+    save_policy,
+)
+from rlbook.vocab import ALPHABET, BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, UNK_TOKEN
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Run these tiny models on one intra-op thread (restored afterwards). On a busy 2-core machine a second
+    thread makes them slower, not faster: measured here, this file took twice as long with two threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def test_token_ids_are_positions_in_the_shared_vocabulary(tokenizer):
+    assert len(tokenizer) == len(VOCAB) == len(SPECIAL_TOKENS) + len(ALPHABET) == 62
+    assert tokenizer.convert_ids_to_tokens(list(range(len(VOCAB)))) == list(VOCAB)
+    assert (tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token, tokenizer.unk_token) == (
+        PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
+    ids = (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id)
+    assert ids == (0, 1, 2, 3)
+    assert tokenizer.padding_side == "left"
+
+
+def test_encode_is_bos_then_one_token_per_character(tokenizer):
+    assert tokenizer("12+3=")["input_ids"] == [1] + [VOCAB.index(c) for c in "12+3="]
+    assert tokenizer("")["input_ids"] == [tokenizer.bos_token_id]
+    assert tokenizer("aZb")["input_ids"] == [1, VOCAB.index("a"), tokenizer.unk_token_id, VOCAB.index("b")]
+
+
+@pytest.mark.parametrize("text", [ALPHABET, "a , b . c ? d ! e", "<eos><pad>", "  12 + 3 = 15  ", "it's (x)"])
+def test_round_trip_on_tricky_strings(tokenizer, text):
+    ids = tokenizer(text)["input_ids"]
+    assert len(ids) == len(text) + 1  # "<eos>" in the text stays five characters
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
+
+
+def test_round_trip_on_random_strings(tokenizer):
+    rng = random.Random(0)
+    texts = ["".join(rng.choices(ALPHABET, k=rng.randint(0, 40))) for _ in range(200)]
+    encoded = tokenizer(texts)["input_ids"]
+    assert tokenizer.batch_decode(encoded, skip_special_tokens=True) == texts
+
+
+def test_batch_is_left_padded(tokenizer):
+    batch = tokenizer(["ab", "abcd"], padding=True, return_tensors="pt")
+    a, b = VOCAB.index("a"), VOCAB.index("b")
+    assert batch["input_ids"][0].tolist() == [0, 0, 1, a, b]
+    assert batch["attention_mask"].tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]
+
+
+def test_tokenizer_without_pad_or_eos_is_refused(tokenizer):
+    check_tokenizer(tokenizer)
+    no_pad = copy.deepcopy(tokenizer)
+    no_pad.pad_token = None
+    with pytest.raises(ValueError, match="no pad token"):
+        check_tokenizer(no_pad)
+    no_eos = copy.deepcopy(tokenizer)
+    no_eos.eos_token = None
+    with pytest.raises(ValueError, match="no EOS token"):
+        check_tokenizer(no_eos)
+    with pytest.raises(ValueError, match="no pad token"):
+        build_model("tiny", tokenizer=no_pad)
+
+
+# ---------------------------------------------------------------- models
+
+# The exact counts quoted in rlbook/lm/model.py and the book.
+PARAMETER_COUNTS = {
+    ("tiny", "llama"): 102_592, ("tiny", "qwen2"): 102_848,
+    ("small", "llama"): 992_128, ("small", "qwen2"): 993_152,
+    ("base", "llama"): 10_350_720, ("base", "qwen2"): 10_354_560,
+}
+
+
+@pytest.mark.parametrize("size, arch", sorted(PARAMETER_COUNTS))
+def test_parameter_counts(size, arch):
+    model = build_model(size, arch=arch)
+    assert count_parameters(model) == PARAMETER_COUNTS[size, arch]
+    assert type(model).__name__ == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[arch]
+
+
+def test_sizes_are_about_a_tenth_one_and_ten_million():
+    assert set(MODEL_SIZES) == {"tiny", "small", "base"}
+    for (size, _), count in PARAMETER_COUNTS.items():
+        target = {"tiny": 1e5, "small": 1e6, "base": 1e7}[size]
+        assert 0.9 * target < count < 1.1 * target
+
+
+def test_config_carries_the_tokenizer_ids(tokenizer):
+    model = build_model("tiny", arch="qwen2")
+    cfg = model.config
+    assert (cfg.vocab_size, cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id) == (62, 0, 1, 2)
+    assert cfg.max_position_embeddings == MODEL_SIZES["tiny"].max_position_embeddings
+    assert cfg.tie_word_embeddings and model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert not model.training
+
+
+def test_init_is_deterministic_and_leaves_the_global_rng_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    a, b, c = build_model("tiny", seed=0), build_model("tiny", seed=0), build_model("tiny", seed=1)
+    assert torch.equal(torch.rand(3), expected)
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(pa, pb), name
+    assert not torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight)
+
+
+def test_overrides_reach_the_config():
+    model = build_model("tiny", num_hidden_layers=1, max_position_embeddings=64, attn_implementation="eager")
+    assert model.config.num_hidden_layers == 1 and len(model.model.layers) == 1
+    assert model.config.max_position_embeddings == 64
+    assert model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"size": "huge"}, "unknown model size"),
+    ({"arch": "gpt2"}, "unknown architecture"),
+    ({"num_attention_heads": 3}, "divisible"),
+    ({"num_key_value_heads": 3}, "divisible"),
+])
+def test_bad_model_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        build_model(**kwargs)
+
+
+# ---------------------------------------------------------------- save / load
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_save_and_load_round_trip(tmp_path, tokenizer, arch):
+    model = build_model("tiny", arch=arch, seed=3)
+    save_policy(model, tokenizer, tmp_path / "policy")
+    assert (tmp_path / "policy" / "model.safetensors").exists()
+    loaded, loaded_tok = load_policy(tmp_path / "policy", device="cpu")
+    assert type(loaded) is type(model) and loaded_tok.padding_side == "left"
+    # Regression: AutoTokenizer would wrap our tokenizer in a Qwen2Tokenizer next to a qwen2 model and drop spaces.
+    ids = loaded_tok(["12+3=", "a"], padding=True, return_tensors="pt")
+    assert ids["input_ids"].tolist() == tokenizer(["12+3=", "a"], padding=True)["input_ids"]
+    assert loaded_tok.decode(loaded_tok("a , b")["input_ids"], skip_special_tokens=True) == "a , b"
+    with torch.no_grad():
+        assert torch.equal(model(**ids).logits, loaded(**ids).logits)
+
+
+def test_load_with_dtype(tmp_path, tokenizer):
+    save_policy(build_model("tiny"), tokenizer, tmp_path)
+    model, _ = load_policy(str(tmp_path), dtype=torch.bfloat16, device="cpu")
+    assert next(model.parameters()).dtype == torch.bfloat16
+
+
+def test_load_missing_path_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no saved policy"):
+        load_policy(tmp_path / "does-not-exist")
+    with pytest.raises(FileNotFoundError, match="no saved policy"):
+        load_policy("./checkpoints/nothing/here")
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(NotADirectoryError):
+        load_policy(tmp_path / "file.txt")
+
+
+def test_load_refuses_a_tokenizer_without_pad(tmp_path, tokenizer):
+    no_pad = copy.deepcopy(tokenizer)
+    no_pad.pad_token = None
+    save_policy(build_model("tiny"), no_pad, tmp_path)
+    with pytest.raises(ValueError, match="no pad token"):
+        load_policy(tmp_path)
+
+
+# ---------------------------------------------------------------- devices
+
+
+def test_default_device_and_autocast():
+    assert default_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
+    model = build_model("tiny", device="cpu")
+    assert next(model.parameters()).device.type == "cpu"
+    with autocast("cpu"):  # a no-op on CPU: float32 logits
+        logits = model(torch.tensor([[1, 5, 6]])).logits
+    assert logits.dtype == torch.float32
