@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 export PYTHONHASHSEED = 0
 
-.PHONY: install book test notebooks clean
+.PHONY: install book test notebooks checkpoints bench clean
 
 install: $(STAMP)
 
@@ -31,6 +31,13 @@ test: install  ## unit tests, nbval on every notebook, source/notebook sync, str
 
 notebooks: install  ## re-execute every chapter and write its outputs into the paired notebook
 	@for f in $(CHAPTERS); do echo "== $$f"; $(BIN)/jupytext --sync --execute "$$f" || exit 1; done
+
+checkpoints: install  ## retrain the shipped base policies from their seeds (bit for bit), then verify them
+	$(BIN)/python -m rlbook.checkpoints build
+	$(BIN)/python -m rlbook.checkpoints verify
+
+bench: install  ## rollout and log-prob throughput, ours vs model.generate (prints a table; not a test)
+	$(BIN)/python bench/rollout_bench.py
 
 clean:
 	rm -rf _build

@@ -1,0 +1,116 @@
+"""Supervised fine-tuning (SFT): teach a small LM a task from demonstrations, to get a base (reference) policy.
+
+RL needs a starting policy that already solves a task *sometimes*: with accuracy near 0 every group of samples is
+all wrong and the reward carries no signal; near 1 there is nothing left to learn. SFT on the task's
+demonstrations gets there, and :func:`train_sft` stops as soon as the sampled accuracy reaches a target, which
+leaves the headroom RL is meant to close.
+
+The loss is the negative log-likelihood of the demonstration tokens (EOS included), averaged over tokens:
+
+    L_SFT(theta) = - (1 / sum_{i,t} m_{i,t}) * sum_{i,t} m_{i,t} log pi_theta(o_{i,t} | q_i, o_{i,<t}),
+
+with ``m`` the completion mask. It is computed by :func:`rlbook.rollout.sequence_logprobs`, the same log-prob path
+the RL losses use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from rlbook.rollout import encode_completions, generate_rollouts, sequence_logprobs
+from rlbook.tasks import Task
+
+
+def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """Token-averaged NLL of the completion tokens; ``input_ids`` (B, L), ``completion_mask`` (B, T)."""
+    logprobs = sequence_logprobs(model, input_ids, attention_mask, completion_mask)
+    return -(logprobs * completion_mask).sum() / completion_mask.sum().clamp(min=1)
+
+
+@dataclass
+class SFTConfig:
+    """Hyper-parameters of :func:`train_sft` (AdamW with linear warm-up, then a constant learning rate)."""
+
+    max_steps: int = 3000
+    batch_size: int = 64
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 50
+    eval_every: int = 100
+    eval_size: int = 128  # held-out prompts, one sample each at temperature 1
+    max_new_tokens: int = 16
+    stop_at_accuracy: float | None = None  # stop at the first evaluation whose sampled accuracy reaches this
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("max_steps", "batch_size", "eval_every", "eval_size", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.stop_at_accuracy is not None and not 0 < self.stop_at_accuracy <= 1:
+            raise ValueError(f"stop_at_accuracy must lie in (0, 1], got {self.stop_at_accuracy}")
+
+
+@dataclass
+class SFTHistory:
+    """What :func:`train_sft` measured: the loss of every step, and the sampled accuracy at every evaluation."""
+
+    losses: list[float] = field(default_factory=list)
+    eval_steps: list[int] = field(default_factory=list)
+    eval_accuracy: list[float] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return len(self.losses)
+
+
+@torch.no_grad()
+def sampled_accuracy(model, tokenizer, task: Task, examples, max_new_tokens: int, seed: int) -> float:
+    """Fraction of ``examples`` answered correctly by one sample each at temperature 1 (the RL behaviour policy)."""
+    batch = generate_rollouts(model, tokenizer, [e.prompt for e in examples], max_new_tokens=max_new_tokens,
+                              temperature=1.0, seed=seed)
+    rewards = task.rewards(examples, batch.decode_completions(tokenizer), batch.truncated.tolist())
+    return float(np.mean(rewards == task.correct_reward))
+
+
+def train_sft(model, tokenizer, task: Task, config: SFTConfig | None = None) -> SFTHistory:
+    """Fine-tune ``model`` in place on fresh demonstrations of ``task``; returns the :class:`SFTHistory`.
+
+    Every step draws a new batch of problems (the tasks are generators, so there is no epoch); every
+    ``eval_every`` steps the sampled accuracy on ``eval_size`` held-out problems is measured, and training stops
+    early once it reaches ``stop_at_accuracy``. Deterministic given ``config.seed`` on a given machine.
+    """
+    config = config or SFTConfig()
+    device = next(model.parameters()).device
+    rng = np.random.default_rng(config.seed)
+    held_out = task.sample(config.eval_size, seed=rng)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / config.warmup_steps))
+    history = SFTHistory()
+
+    model.train()
+    for step in range(1, config.max_steps + 1):
+        examples = task.sample(config.batch_size, seed=rng)
+        input_ids, attention_mask, completion_mask = encode_completions(
+            tokenizer, [e.prompt for e in examples], [task.demonstration(e) for e in examples], device=device
+        )
+        loss = sft_loss(model, input_ids, attention_mask, completion_mask)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        warmup.step()
+        history.losses.append(loss.item())
+
+        if step % config.eval_every == 0 or step == config.max_steps:
+            accuracy = sampled_accuracy(model, tokenizer, task, held_out, config.max_new_tokens, seed=config.seed)
+            model.train()
+            history.eval_steps.append(step)
+            history.eval_accuracy.append(accuracy)
+            if config.stop_at_accuracy is not None and accuracy >= config.stop_at_accuracy:
+                break
+    model.eval()
+    return history
