@@ -16,7 +16,9 @@ Two scenarios, the same model weights otherwise:
 - ``random``: the freshly initialised model. EOS has probability about 1/62 per token, so about half the rows
   run to ``max_new_tokens``;
 - ``eos``: the EOS logit scaled by ``--eos-boost``, so completions end at varied lengths, as a trained policy's do.
-  Here dropping finished rows from the batch (which ``generate`` does not do) pays off.
+  Here dropping finished rows from the batch (which ``generate`` does not do) pays off;
+- ``trained``: the shipped base policies (``rlbook.checkpoints``, tiny size) on their own tasks' prompts: the
+  setting every RL chapter runs in.
 
     python bench/rollout_bench.py                              # tiny, small, base on the default device
     python bench/rollout_bench.py --sizes tiny --threads 1 --max-new-tokens 64
@@ -38,8 +40,10 @@ import torch
 import transformers
 from transformers.utils import logging as hf_logging
 
+from rlbook.checkpoints import RECIPES, load_base_policy
 from rlbook.lm import MODEL_SIZES, autocast, build_model, build_tokenizer, count_parameters, default_device
 from rlbook.rollout import generate_rollouts, sequence_logprobs
+from rlbook.tasks import get_task
 
 
 def make_prompts(n: int) -> list[str]:
@@ -202,7 +206,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per sampler (median reported)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per sampler first")
-    parser.add_argument("--scenarios", nargs="+", default=["random", "eos"], choices=["random", "eos"])
+    parser.add_argument("--scenarios", nargs="+", default=["random", "eos", "trained"], choices=["random", "eos", "trained"])
     parser.add_argument("--eos-boost", type=float, default=20.0, help="EOS logit scale in the 'eos' scenario")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--no-shrink", action="store_true", help="generate_rollouts(shrink_batch=False)")
@@ -229,12 +233,14 @@ def main() -> None:
           "tokens = completion tokens up to and including EOS")
     precision = "bf16 autocast" if args.bf16 and device.type == "cuda" else "float32"
     print(f"peak memory: {memory.what}; precision: {precision}")
-    header = (f"{'size':6} {'params':>10} {'scenario':8} {'mean len':>8} {'trunc':>5} {'ours tok/s':>10} "
+    header = (f"{'model':22} {'params':>10} {'scenario':8} {'mean len':>8} {'trunc':>5} {'ours tok/s':>10} "
               f"{'generate tok/s':>14} {'speed-up':>8} {'logprob tok/s':>13} {'peak MiB ours/gen/logprob':>26}")
     print(header)
     print("-" * len(header))
     for size in args.sizes:
         for scenario in args.scenarios:
+            if scenario == "trained":
+                continue  # below, once: the shipped policies have one size
             model = build_model(size, arch=args.arch, seed=0, tokenizer=tokenizer, device=device)
             if scenario == "eos":  # (tied, so the EOS input embedding grows too: it only feeds discarded steps)
                 with torch.no_grad():
@@ -242,7 +248,19 @@ def main() -> None:
             with autocast(device) if args.bf16 else contextlib.nullcontext():
                 r = bench_one(model, tokenizer, prompts, args, device, memory)
             peaks = "/".join(f"{r['peaks'][k]:.0f}" for k in ("ours", "generate", "logprobs"))
-            print(f"{size:6} {count_parameters(model):>10,} {scenario:8} {r['mean_len']:>8.1f} {r['truncated']:>5.2f} "
+            print(f"{size:22} {count_parameters(model):>10,} {scenario:8} {r['mean_len']:>8.1f} {r['truncated']:>5.2f} "
+                  f"{r['ours']:>10,.0f} {r['generate']:>14,.0f} {r['speedup']:>7.2f}x {r['logprobs']:>13,.0f} "
+                  f"{peaks:>26}")
+    if "trained" in args.scenarios:
+        for name, recipe in sorted(RECIPES.items()):
+            model, tokenizer = load_base_policy(name, device=device)
+            task = get_task(recipe.task, **recipe.task_kwargs)
+            task_prompts = [e.prompt for e in task.sample(args.num_prompts, seed=0)]
+            with autocast(device) if args.bf16 else contextlib.nullcontext():
+                r = bench_one(model, tokenizer, task_prompts, args, device, memory)
+            peaks = "/".join(f"{r['peaks'][k]:.0f}" for k in ("ours", "generate", "logprobs"))
+            label = f"{recipe.size}:{name}"
+            print(f"{label:22} {count_parameters(model):>10,} {'trained':8} {r['mean_len']:>8.1f} {r['truncated']:>5.2f} "
                   f"{r['ours']:>10,.0f} {r['generate']:>14,.0f} {r['speedup']:>7.2f}x {r['logprobs']:>13,.0f} "
                   f"{peaks:>26}")
     if args.big_vocab:
