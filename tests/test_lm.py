@@ -21,19 +21,7 @@ from rlbook.lm import (
 from rlbook.vocab import ALPHABET, BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, UNK_TOKEN
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Run these tiny models on one intra-op thread (restored afterwards). On a busy 2-core machine a second
-    thread makes them slower, not faster: measured here, this file took twice as long with two threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---------------------------------------------------------------- tokenizer

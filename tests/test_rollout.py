@@ -19,19 +19,7 @@ from rlbook.rollout import (
 PROMPTS = ["12+3=", "a", "hello world, 7*8=", "(x)"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Run these tiny models on one intra-op thread (restored afterwards). On a busy 2-core machine a second
-    thread makes them slower, not faster: measured here, this file took twice as long with two threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

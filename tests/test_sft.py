@@ -13,12 +13,7 @@ from rlbook.sft import SFTConfig, sampled_accuracy, sft_loss, train_sft
 from rlbook.tasks import get_task
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_sft_loss_is_the_token_averaged_nll_of_the_demonstrations():
