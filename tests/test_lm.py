@@ -11,7 +11,6 @@ from rlbook.lm import (
     VOCAB,
     autocast,
     build_model,
-    build_tokenizer,
     check_tokenizer,
     count_parameters,
     default_device,

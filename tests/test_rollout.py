@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from rlbook.lm import build_model, build_tokenizer
+from rlbook.lm import build_model
 from rlbook.rollout import (
     RolloutBatch,
     _filter_top_k_top_p,
