@@ -8,6 +8,12 @@ raises ``AssertionError`` with the first disagreement, and prints ``ok`` when al
 """
 
 from rlbook.exercises._compare import assert_close
+from rlbook.exercises.lm import (
+    check_completion_mask_from_ids,
+    check_entropy_at_temperature,
+    check_mean_token_logprob,
+    check_sequence_logprob,
+)
 from rlbook.exercises.mdp import (
     check_average_reward,
     check_iterative_policy_evaluation,
@@ -18,8 +24,12 @@ from rlbook.exercises.q_learning import check_double_q_learning_update, check_ex
 __all__ = [
     "assert_close",
     "check_average_reward",
+    "check_completion_mask_from_ids",
     "check_double_q_learning_update",
+    "check_entropy_at_temperature",
     "check_expected_sarsa_update",
     "check_iterative_policy_evaluation",
+    "check_mean_token_logprob",
     "check_q_value_iteration_step",
+    "check_sequence_logprob",
 ]
