@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from rlbook.lm import autocast
 from rlbook.rollout import encode_completions, generate_rollouts, sequence_logprobs
 from rlbook.tasks import Task
 
@@ -71,8 +72,9 @@ class SFTHistory:
 @torch.no_grad()
 def sampled_accuracy(model, tokenizer, task: Task, examples, max_new_tokens: int, seed: int) -> float:
     """Fraction of ``examples`` answered correctly by one sample each at temperature 1 (the RL behaviour policy)."""
-    batch = generate_rollouts(model, tokenizer, [e.prompt for e in examples], max_new_tokens=max_new_tokens,
-                              temperature=1.0, seed=seed)
+    with autocast(next(model.parameters()).device):
+        batch = generate_rollouts(model, tokenizer, [e.prompt for e in examples], max_new_tokens=max_new_tokens,
+                                  temperature=1.0, seed=seed)
     rewards = task.rewards(examples, batch.decode_completions(tokenizer), batch.truncated.tolist())
     return float(np.mean(rewards == task.correct_reward))
 
@@ -82,7 +84,8 @@ def train_sft(model, tokenizer, task: Task, config: SFTConfig | None = None) -> 
 
     Every step draws a new batch of problems (the tasks are generators, so there is no epoch); every
     ``eval_every`` steps the sampled accuracy on ``eval_size`` held-out problems is measured, and training stops
-    early once it reaches ``stop_at_accuracy``. Deterministic given ``config.seed`` on a given machine.
+    early once it reaches ``stop_at_accuracy``. Deterministic given ``config.seed`` on a given machine. Runs
+    where the model is (move it first: ``model.to(device)``), under bf16 autocast on a CUDA GPU.
     """
     config = config or SFTConfig()
     device = next(model.parameters()).device
@@ -98,7 +101,8 @@ def train_sft(model, tokenizer, task: Task, config: SFTConfig | None = None) -> 
         input_ids, attention_mask, completion_mask = encode_completions(
             tokenizer, [e.prompt for e in examples], [task.demonstration(e) for e in examples], device=device
         )
-        loss = sft_loss(model, input_ids, attention_mask, completion_mask)
+        with autocast(device):  # bf16 on CUDA, float32 elsewhere
+            loss = sft_loss(model, input_ids, attention_mask, completion_mask)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
