@@ -43,7 +43,6 @@ from transformers.utils import logging as hf_logging
 from rlbook.checkpoints import RECIPES, load_base_policy
 from rlbook.lm import MODEL_SIZES, autocast, build_model, build_tokenizer, count_parameters, default_device
 from rlbook.rollout import generate_rollouts, sequence_logprobs
-from rlbook.tasks import get_task
 
 
 def make_prompts(n: int) -> list[str]:
@@ -254,7 +253,7 @@ def main() -> None:
     if "trained" in args.scenarios:
         for name, recipe in sorted(RECIPES.items()):
             model, tokenizer = load_base_policy(name, device=device)
-            task = get_task(recipe.task, **recipe.task_kwargs)
+            task = recipe.make_task()
             task_prompts = [e.prompt for e in task.sample(args.num_prompts, seed=0)]
             with autocast(device) if args.bf16 else contextlib.nullcontext():
                 r = bench_one(model, tokenizer, task_prompts, args, device, memory)

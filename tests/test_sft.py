@@ -6,10 +6,18 @@ import numpy as np
 import pytest
 import torch
 
-from rlbook.checkpoints import RECIPES, build_checkpoint, checkpoint_dir, file_hashes, load_base_policy, load_manifest
+from rlbook.checkpoints import (
+    RECIPES,
+    build_checkpoint,
+    checkpoint_dir,
+    file_hashes,
+    final_sampled_accuracy,
+    load_base_policy,
+    load_manifest,
+)
 from rlbook.lm import build_model, build_tokenizer
 from rlbook.rollout import encode_completions, sequence_logprobs
-from rlbook.sft import SFTConfig, sampled_accuracy, sft_loss, train_sft
+from rlbook.sft import SFTConfig, sft_loss, train_sft
 from rlbook.tasks import get_task
 
 
@@ -70,10 +78,7 @@ def test_shipped_base_policy_loads_and_has_headroom(name):
     assert manifest["sha256"] == file_hashes(checkpoint_dir(name)), "shipped files differ from their manifest"
     assert 0.3 <= manifest["final_sampled_accuracy"] <= 0.6, "a base policy needs headroom for RL"
     model, tokenizer = load_base_policy(name)
-    recipe = RECIPES[name]
-    task = get_task(recipe.task, **recipe.task_kwargs)
-    examples = task.sample(recipe.final_eval_size, seed=np.random.default_rng(10_000 + recipe.sft.seed))
-    accuracy = sampled_accuracy(model, tokenizer, task, examples, recipe.sft.max_new_tokens, seed=10_000)
+    accuracy = final_sampled_accuracy(RECIPES[name], model, tokenizer)
     assert accuracy == pytest.approx(manifest["final_sampled_accuracy"], abs=1e-9)
 
 

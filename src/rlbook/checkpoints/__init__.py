@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import transformers
 
 from rlbook.lm import build_model, build_tokenizer, count_parameters, load_policy, save_policy
 from rlbook.sft import SFTConfig, sampled_accuracy, train_sft
@@ -41,6 +42,17 @@ class Recipe:
     model_seed: int = 0
     sft: SFTConfig = field(default_factory=SFTConfig)
     final_eval_size: int = 512  # prompts for the accuracy recorded in the manifest (one sample each, T = 1)
+
+    def make_task(self):
+        """The :class:`rlbook.tasks.Task` this policy was trained on."""
+        return get_task(self.task, **self.task_kwargs)
+
+
+def final_sampled_accuracy(recipe: Recipe, model, tokenizer) -> float:
+    """The accuracy recorded in a manifest: ``final_eval_size`` fixed prompts, one sample each at temperature 1."""
+    task = recipe.make_task()
+    examples = task.sample(recipe.final_eval_size, seed=np.random.default_rng(10_000 + recipe.sft.seed))
+    return sampled_accuracy(model, tokenizer, task, examples, recipe.sft.max_new_tokens, seed=10_000)
 
 
 RECIPES: dict[str, Recipe] = {
@@ -88,15 +100,12 @@ def build_checkpoint(name: str, out_dir: str | Path) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # float reductions in a fixed order: the same bytes on every run
     try:
-        task = get_task(recipe.task, **recipe.task_kwargs)
         tokenizer = build_tokenizer()
         model = build_model(recipe.size, arch=recipe.arch, seed=recipe.model_seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(recipe.sft.seed)
-            history = train_sft(model, tokenizer, task, recipe.sft)
-            final_examples = task.sample(recipe.final_eval_size, seed=np.random.default_rng(10_000 + recipe.sft.seed))
-            final_accuracy = sampled_accuracy(model, tokenizer, task, final_examples, recipe.sft.max_new_tokens,
-                                              seed=10_000)
+            history = train_sft(model, tokenizer, recipe.make_task(), recipe.sft)
+            final_accuracy = final_sampled_accuracy(recipe, model, tokenizer)
     finally:
         torch.set_num_threads(threads)
     save_policy(model, tokenizer, out_dir)
@@ -109,7 +118,7 @@ def build_checkpoint(name: str, out_dir: str | Path) -> dict:
         "eval_steps": history.eval_steps,
         "eval_accuracy": history.eval_accuracy,
         "final_sampled_accuracy": final_accuracy,
-        "versions": {"torch": torch.__version__.split("+")[0], "transformers": _transformers_version()},
+        "versions": {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__},
         "sha256": file_hashes(out_dir),
     }
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -124,9 +133,3 @@ def file_hashes(folder: str | Path) -> dict[str, str]:
         for path in sorted(folder.iterdir())
         if path.is_file() and path.name != MANIFEST
     }
-
-
-def _transformers_version() -> str:
-    import transformers
-
-    return transformers.__version__
