@@ -4,6 +4,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from rlbook.exercises.mdp import random_mdp
 from rlbook.tabular import (
     FiniteMDP,
     bellman_expectation_operator,
@@ -21,16 +22,6 @@ from rlbook.tabular import (
     value_iteration,
     visit_count_step_size,
 )
-
-
-def random_mdp(seed, num_states=5, num_actions=3, gamma=0.9, with_terminal=False):
-    rng = np.random.default_rng(seed)
-    P = rng.dirichlet(np.ones(num_states), size=(num_states, num_actions))
-    R = rng.normal(size=(num_states, num_actions, num_states))
-    terminal = np.zeros(num_states, bool)
-    if with_terminal:
-        terminal[-1] = True
-    return FiniteMDP(P, R, gamma, terminal=terminal)
 
 
 def two_state_mrp(gamma=0.9):
@@ -91,6 +82,10 @@ def test_mdp_arrays_are_read_only():
     mdp = two_state_mrp()
     with pytest.raises(ValueError):
         mdp.P[0, 0, 0] = 1.0
+    with pytest.raises(ValueError):  # the cached derived arrays too: a caller cannot corrupt the cache
+        mdp.expected_reward[0, 0] = 1.0
+    with pytest.raises(ValueError):
+        mdp.continuation[0, 0, 0] = 1.0
 
 
 def test_expected_reward_averages_over_next_states():
@@ -136,7 +131,7 @@ def test_policy_evaluation_two_state_closed_form():
 
 @pytest.mark.parametrize("seed", range(5))
 def test_policy_evaluation_is_the_fixed_point_of_the_expectation_operator(seed):
-    mdp = random_mdp(seed, with_terminal=seed % 2 == 1)
+    mdp = random_mdp(np.random.default_rng(seed), 5, 3, gamma=0.9, terminals=seed % 2)
     policy = np.random.default_rng(seed).dirichlet(np.ones(mdp.num_actions), size=mdp.num_states)
     V = policy_evaluation(mdp, policy)
     assert np.allclose(bellman_expectation_operator(mdp, V, policy), V)
@@ -167,7 +162,7 @@ def test_undiscounted_policy_that_never_terminates_is_reported():
 
 @pytest.mark.parametrize("seed", range(5))
 def test_value_iteration_solves_the_optimality_equation_and_agrees_with_policy_iteration(seed):
-    mdp = random_mdp(seed, gamma=0.8, with_terminal=True)
+    mdp = random_mdp(np.random.default_rng(seed), 5, 3, gamma=0.8, terminals=1)
     result = value_iteration(mdp, tol=1e-12)
     assert np.allclose(bellman_optimality_operator(mdp, result.V), result.V, atol=1e-10)
     V, policy, _ = policy_iteration(mdp)

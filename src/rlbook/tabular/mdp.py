@@ -9,6 +9,7 @@ nothing is bootstrapped from it (its value is 0 by definition).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -84,8 +85,7 @@ class FiniteMDP:
                 raise ValueError(f"initial must be a probability vector, it sums to {initial.sum():.6g}")
 
         for name, value in [("P", P), ("R", R), ("terminal", terminal), ("initial", initial)]:
-            value.setflags(write=False)
-            object.__setattr__(self, name, value)
+            object.__setattr__(self, name, _read_only(value))
         object.__setattr__(self, "gamma", check_gamma(self.gamma))
 
     @property
@@ -96,19 +96,19 @@ class FiniteMDP:
     def num_actions(self) -> int:
         return self.P.shape[1]
 
-    @property
+    @cached_property  # computed once: every Bellman sweep reads it, and the MDP is immutable
     def expected_reward(self) -> np.ndarray:
         """``r(s, a) = sum_s' P(s'|s,a) R(s,a,s')``, shape ``(S, A)``; 0 in terminal ``s`` (the episode is over)."""
-        return np.einsum("ijk,ijk->ij", self.P, self.R) * (~self.terminal)[:, None]
+        return _read_only(np.einsum("ijk,ijk->ij", self.P, self.R) * (~self.terminal)[:, None])
 
-    @property
+    @cached_property
     def continuation(self) -> np.ndarray:
         """``P(s'|s,a) * (1 - terminal[s']) * (1 - terminal[s])``, shape ``(S, A, S)``: the probability of going on.
 
         Nothing is bootstrapped from a terminal ``s'``, and nothing follows a terminal ``s``, so that
         ``V(terminal) = 0`` even where the environment's table lists moves out of a terminal state (CliffWalking).
         """
-        return self.P * (~self.terminal)[None, None, :] * (~self.terminal)[:, None, None]
+        return _read_only(self.P * (~self.terminal)[None, None, :] * (~self.terminal)[:, None, None])
 
     def with_gamma(self, gamma: float) -> FiniteMDP:
         """The same MDP with another discount factor."""
@@ -164,6 +164,11 @@ class FiniteMDP:
         if desc is not None:
             desc = np.asarray(desc).astype(str)
         return cls(P, R, gamma, terminal=ends == 1, initial=initial, shape=shape, desc=desc)
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
 
 
 def _check_index(i, n: int, what: str) -> int:
