@@ -11,9 +11,11 @@ def assert_close(got, expected, what: str, atol: float = 1e-8, rtol: float = 1e-
     expected_array = np.asarray(expected, dtype=float)
     if got_array.shape != expected_array.shape:
         raise AssertionError(f"{what}: expected shape {expected_array.shape}, got {got_array.shape}")
-    if not np.allclose(got_array, expected_array, atol=atol, rtol=rtol):
-        worst = np.unravel_index(np.argmax(np.abs(got_array - expected_array)), got_array.shape) if got_array.ndim else ()
-        raise AssertionError(
-            f"{what}: expected {expected_array[worst] if worst else expected_array}, "
-            f"got {got_array[worst] if worst else got_array}" + (f" at index {tuple(int(i) for i in worst)}" if worst else "")
-        )
+    if np.allclose(got_array, expected_array, atol=atol, rtol=rtol):
+        return
+    if got_array.ndim == 0:
+        raise AssertionError(f"{what}: expected {expected_array}, got {got_array}")
+    worst = np.unravel_index(np.argmax(np.abs(got_array - expected_array)), got_array.shape)
+    raise AssertionError(
+        f"{what}: expected {expected_array[worst]}, got {got_array[worst]} at index {tuple(int(i) for i in worst)}"
+    )
