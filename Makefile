@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 export PYTHONHASHSEED = 0
 
-.PHONY: install book test notebooks checkpoints bench clean
+.PHONY: install book test test-portability notebooks checkpoints bench clean
 
 install: $(STAMP)
 
@@ -28,6 +28,10 @@ book: install  ## build the rendered book into _build/html (shows the stored, va
 
 test: install  ## unit tests, nbval on every notebook, source/notebook sync, strict book build
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/run_tests.sh
+
+# SETTINGS="avx2" picks some of: native avx2 sse42 (default all). About 4 minutes a setting on 2 cores.
+test-portability: install  ## unit tests and nbval under this CPU's kernels and two emulated ones (other CPUs round differently)
+	PATH="$(abspath $(BIN)):$$PATH" bash scripts/test_portability.sh $(SETTINGS)
 
 notebooks: install  ## re-execute every chapter and write its outputs into the paired notebook
 	@for f in $(CHAPTERS); do echo "== $$f"; $(BIN)/jupytext --sync --execute "$$f" || exit 1; done

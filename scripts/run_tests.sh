@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite, stage by stage, printing how long each stage took. Called by `make test`.
+# Usage: scripts/run_tests.sh [unit] [notebooks] [book]   (no argument: all three stages)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+stages=("$@")
+((${#stages[@]})) || stages=(unit notebooks book)
+wants() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 
 failed=()
 stage() {
@@ -13,10 +18,12 @@ stage() {
     echo "=== stage: $name: $status in $((SECONDS - start)) s"
 }
 
-stage "unit tests and notebook sync" python -m pytest tests -q -p no:cacheprovider
-stage "notebooks (nbval, strict outputs)" python -m pytest notebooks -q -p no:cacheprovider \
+# Numbers in notebook outputs are compared with a tolerance (tests/nbval_numbers.py), text exactly.
+wants unit && stage "unit tests and notebook sync" python -m pytest tests -q -p no:cacheprovider
+wants notebooks && stage "notebooks (nbval: text exact, numbers within 1e-4)" python -m pytest notebooks -q \
+    -p no:cacheprovider -p tests.nbval_numbers \
     --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
-stage "strict book build (-W -n)" jupyter-book build . -W -n --keep-going --quiet
+wants book && stage "strict book build (-W -n)" jupyter-book build . -W -n --keep-going --quiet
 
 echo
 if ((${#failed[@]})); then
