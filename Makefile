@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 export PYTHONHASHSEED = 0
 
-.PHONY: install book test test-portability notebooks checkpoints bench clean
+.PHONY: install book test test-portability test-planted-bugs notebooks checkpoints bench clean
 
 install: $(STAMP)
 
@@ -32,6 +32,9 @@ test: install  ## unit tests, nbval on every notebook, source/notebook sync, str
 # SETTINGS="avx2" picks some of: native avx2 sse42 (default all). About 4 minutes a setting on 2 cores.
 test-portability: install  ## unit tests and nbval under this CPU's kernels and two emulated ones (other CPUs round differently)
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/test_portability.sh $(SETTINGS)
+
+test-planted-bugs: install  ## a test of the tests: plant known bugs one at a time and check that the suite fails
+	$(BIN)/python scripts/check_planted_bugs.py
 
 notebooks: install  ## re-execute every chapter and write its outputs into the paired notebook
 	@for f in $(CHAPTERS); do echo "== $$f"; $(BIN)/jupytext --sync --execute "$$f" || exit 1; done
