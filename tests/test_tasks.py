@@ -26,6 +26,7 @@ from rlbook.tasks import (
     soft_overlong_penalty,
     uses_only_alphabet,
 )
+from rlbook.tasks.base import split_bucket
 from rlbook.vocab import ALPHABET
 
 # One of each task with its defaults, plus the harder settings later chapters use.
@@ -128,6 +129,64 @@ def test_sample_rejects_a_bad_n(task):
     for n in (0, -3, 2.5, True, "4"):
         with pytest.raises(ValueError, match="n must be"):
             task.sample(n, seed=0)
+
+
+# --- the train/test split ----------------------------------------------------------------------------------
+
+SPLIT_TASKS = ["arithmetic", "arithmetic_all_ops", "sort", "sort_scratchpad", "reverse", "constraint",
+               "constraint_three_counts"]
+
+
+@pytest.mark.parametrize("name", SPLIT_TASKS)
+def test_train_and_test_splits_are_disjoint_sized_and_deterministic(name):
+    task = TASK_FACTORIES[name]()
+    train, test = task.sample(400, seed=0, split="train"), task.sample(100, seed=0, split="test")
+    assert len(train) == 400 and len(test) == 100
+    assert all(task.split_of(example) == "train" for example in train)
+    assert all(task.split_of(example) == "test" for example in test)
+    assert not {task.split_key(example) for example in train} & {task.split_key(example) for example in test}
+    assert task.sample(100, seed=0, split="test") == test  # the same seed, the same problems
+    assert task.sample(100, seed=1, split="test") != test
+
+
+def test_the_split_is_a_property_of_the_problem_not_of_the_seed():
+    """sha256 of the canonical prompt: the same bucket on every machine; pinned values catch a changed rule."""
+    assert [split_bucket(key) for key in ("23+58=", "sort:3142=", "len=7 x=3:")] == [34, 2, 52]
+    task = Arithmetic()
+    all_sums = [Example(f"{a}+{b}=", str(a + b)) for a in range(100) for b in range(100)]
+    in_test = {example.prompt for example in all_sums if task.split_of(example) == "test"}
+    assert len({task.split_key(Example(prompt, "")) for prompt in in_test}) == 481  # of 5,050 distinct sums
+    assert {example.prompt for seed in range(3) for example in task.sample(300, seed, split="test")} <= in_test
+
+
+def test_sample_all_is_the_unsplit_stream():
+    task = SortDigits()
+    assert task.sample(50, seed=3) == task.sample(50, seed=3, split="all")
+    fraction_in_test = np.mean([task.split_of(example) == "test" for example in task.sample(5000, seed=0)])
+    assert 0.08 < fraction_in_test < 0.12
+
+
+def test_one_problem_written_two_ways_shares_a_split():
+    arithmetic = Arithmetic(num_digits=2, operations="+*")
+    assert arithmetic.split_key(Example("58+23=", "81")) == arithmetic.split_key(Example("23+58=", "81")) == "23+58="
+    assert arithmetic.split_key(Example("9*12=", "108")) == "9*12="
+    assert Arithmetic(operations="-").split_key(Example("58-23=", "35")) == "58-23="
+    constraint = ConstraintString(num_counts=2)
+    assert constraint.split_key(Example("len=9 x=3 b=1:", "")) == "len=9 b=1 x=3:"
+    assert constraint.split_of(Example("len=9 x=3 b=1:", "")) == constraint.split_of(Example("len=9 b=1 x=3:", ""))
+
+
+def test_sample_rejects_an_unknown_split():
+    for split in ("validation", "TEST", None, 1):
+        with pytest.raises(ValueError, match="unknown split"):
+            Arithmetic().sample(5, seed=0, split=split)
+
+
+def test_a_split_without_problems_errors_instead_of_looping_forever():
+    task = SortDigits(min_length=1, max_length=1)  # ten problems, "sort:0=" ... "sort:9=", none in the test split
+    assert len(task.sample(20, seed=0, split="train")) == 20
+    with pytest.raises(ValueError, match="too few distinct problems for a 'test' split"):
+        task.sample(5, seed=0, split="test")
 
 
 # --- demonstrations are correct ----------------------------------------------------------------------------
@@ -389,6 +448,12 @@ def test_preference_pairs_chosen_correct_rejected_incorrect(task):
         assert task.reward(example, pair.chosen) == 1.0
         assert task.reward(example, pair.rejected) == 0.0
         assert uses_only_alphabet(pair.rejected) and pair.rejected != pair.chosen
+
+
+def test_preference_pairs_can_come_from_one_split():
+    task = SortDigits()
+    pairs = build_preference_pairs(task, 50, seed=0, split="test")
+    assert all(task.split_of(Example(pair.prompt, "")) == "test" for pair in pairs)
 
 
 def test_preference_pairs_are_deterministic_and_near_misses():

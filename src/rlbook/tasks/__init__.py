@@ -2,6 +2,9 @@
 
 Every task is a :class:`Task`: ``sample(n, seed)`` draws :class:`Example` s, ``demonstration(example)`` is
 the SFT target, and ``reward(example, completion, truncated)`` scores what a model wrote after the prompt.
+``sample(n, seed, split="train")`` and ``split="test"`` draw from a fixed 90/10 split of the problems (a hash of
+each problem's canonical prompt, :meth:`Task.split_key`, so the split is the same on every machine and for every
+seed); the default ``split="all"`` draws any problem. Train on ``"train"``, measure on ``"test"``.
 ``max_prompt_length`` and ``max_demonstration_length`` (characters, EOS not counted) size a model's context.
 
 Reward convention (all tasks): ``correct_reward`` (1.0) for a correct completion, ``incorrect_reward`` (0.0)

@@ -84,6 +84,16 @@ class Arithmetic(Task):
         return Example(prompt=f"{a}{operation}{b}=", answer=str(result),
                        meta={"a": a, "b": b, "operation": operation, "result": result})
 
+    def split_key(self, example: Example) -> str:
+        """The prompt, with the operands of a sum or product in ascending order: ``"58+23="`` and ``"23+58="`` are
+        one problem, so they share a split."""
+        prompt = example.prompt
+        for operation in "+*":
+            if operation in prompt:
+                a, b = prompt[:-1].split(operation)
+                return f"{min(a, b, key=int)}{operation}{max(a, b, key=int)}="
+        return prompt
+
     def check_answer(self, example: Example, text: str) -> bool:
         """Exact match of the stripped text with the canonical answer (no leading zeros, no ``+``)."""
         return text.strip(" ") == example.answer

@@ -21,6 +21,7 @@ The reward convention (the same for every task in :mod:`rlbook.tasks`):
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +30,20 @@ from rlbook.vocab import ALPHABET
 
 ALPHABET_SET = frozenset(ALPHABET)
 DEFAULT_MAX_COMPLETION_LENGTH = 1024
+
+SPLITS = ("all", "train", "test")
+TEST_PERCENT = 10  # a problem is in the test split when its bucket (0..99) is below this
+MAX_CONSECUTIVE_REJECTIONS = 1000  # a 10 % split misses 1000 draws in a row with probability 0.9**1000 ~ 2e-46
+
+
+def split_bucket(key: str) -> int:
+    """The bucket 0..99 of a problem's split key: the first 8 bytes of sha256(key), mod 100.
+
+    A hash of the text, not Python's ``hash`` (salted per process) or an RNG draw, so the bucket is the same on
+    every machine, in every process, and for every seed.
+    """
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % 100
 
 
 @dataclass(frozen=True)
@@ -142,11 +157,53 @@ class Task:
 
     # --- shared behaviour ----------------------------------------------------------------------------------
 
-    def sample(self, n: int, seed) -> list[Example]:
-        """Draw ``n`` problems; the same ``seed`` (an int, or a numpy Generator) always gives the same list."""
+    def split_key(self, example: Example) -> str:
+        """The canonical text of a problem, which decides its split: by default the prompt.
+
+        Tasks whose prompts can state one problem in several ways override it (a sum with its operands
+        swapped, constraints listed in another order), so that both forms land in the same split.
+        """
+        return example.prompt
+
+    def split_of(self, example: Example) -> str:
+        """``"test"`` for the fixed 10 % of problems whose :func:`split_bucket` is below ``TEST_PERCENT``, else
+        ``"train"``: a property of the problem, the same on every machine and for every seed."""
+        return "test" if split_bucket(self.split_key(example)) < TEST_PERCENT else "train"
+
+    def sample(self, n: int, seed, split: str = "all") -> list[Example]:
+        """Draw ``n`` problems; the same ``seed`` (an int, or a numpy Generator) always gives the same list.
+
+        ``split`` chooses where the problems come from:
+
+        - ``"all"`` (the default): any problem, as drawn by :meth:`sample_one`;
+        - ``"train"``: only problems whose :meth:`split_of` is ``"train"`` (about 90 % of them);
+        - ``"test"``: only the held-out ~10 %; a model trained on ``"train"`` never saw any of them.
+
+        ``"train"`` and ``"test"`` draw from ``sample_one`` and drop the problems of the other split, so they
+        are disjoint, and each follows ``sample_one``'s distribution restricted to its split (problems may
+        repeat, as with ``"all"``). Raises ValueError for another ``split``, and when a split is (nearly)
+        empty because the task has too few distinct problems: no draw of it among
+        ``MAX_CONSECUTIVE_REJECTIONS`` in a row.
+        """
         n = check_int(n, "n", minimum=1)
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
         rng = np.random.default_rng(seed)
-        return [self.sample_one(rng) for _ in range(n)]
+        if split == "all":
+            return [self.sample_one(rng) for _ in range(n)]
+        examples, misses = [], 0
+        while len(examples) < n:
+            example = self.sample_one(rng)
+            if self.split_of(example) == split:
+                examples.append(example)
+                misses = 0
+                continue
+            misses += 1
+            if misses >= MAX_CONSECUTIVE_REJECTIONS:
+                raise ValueError(f"{self!r} has too few distinct problems for a {split!r} split: "
+                                 f"{MAX_CONSECUTIVE_REJECTIONS} draws in a row all fell in the other split; "
+                                 f"widen the task's ranges or use split='all'")
+        return examples
 
     def demonstration(self, example: Example) -> str:
         """The target completion for SFT (EOS not included): by default the reference answer."""

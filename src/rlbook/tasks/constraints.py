@@ -162,6 +162,12 @@ class ConstraintString(Task):
         prompt = f"len={length}" + "".join(f" {letter}={count}" for letter, count in counts.items()) + ":"
         return Example(prompt=prompt, answer=answer, meta={"length": length, "counts": counts})
 
+    def split_key(self, example: Example) -> str:
+        """The prompt with its count constraints in alphabetical order: ``"len=9 x=3 b=1:"`` and
+        ``"len=9 b=1 x=3:"`` are one problem, so they share a split."""
+        length, counts = parse_constraint_prompt(example.prompt)
+        return f"len={length}" + "".join(f" {letter}={counts[letter]}" for letter in sorted(counts)) + ":"
+
     def check_answer(self, example: Example, text: str) -> bool:
         """True when every constraint of :func:`check_constraints` holds."""
         return all(check_constraints(example.prompt, text).values())

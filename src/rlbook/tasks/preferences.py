@@ -26,15 +26,16 @@ class PreferencePair:
     rejected: str
 
 
-def build_preference_pairs(task: Task, n: int, seed) -> list[PreferencePair]:
-    """Sample ``n`` problems from ``task`` and pair each demonstration with a near-miss.
+def build_preference_pairs(task: Task, n: int, seed, split: str = "all") -> list[PreferencePair]:
+    """Sample ``n`` problems from ``task`` (from ``split``, see :meth:`Task.sample`) and pair each demonstration
+    with a near-miss.
 
     Deterministic given ``seed`` (an int or a numpy Generator). Raises ValueError if ``n < 1``, and
     RuntimeError if the task ever produces a chosen side that is not correct or a rejected side that is.
     """
     n = check_int(n, "n", minimum=1)
     rng = np.random.default_rng(seed)
-    examples = task.sample(n, rng)
+    examples = task.sample(n, rng, split=split)
     pairs = []
     for example in examples:
         chosen = task.demonstration(example)
