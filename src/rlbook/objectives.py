@@ -1,0 +1,284 @@
+"""Losses and advantages of every LM algorithm in the book: small pure tensor functions, one idea each.
+
+Shapes: ``B`` completions (rows), ``T`` padded completion length (columns). A ``mask`` (B, T) is 1 on the
+completion's real tokens (EOS included) and 0 on right padding; a row is one episode. Nothing here has state:
+tensors in, tensors out. The trainer composes them; the chapters derive them (equation numbers as in the book).
+
+Names follow TRL where TRL has the concept (``epsilon``, ``epsilon_high``, ``beta``, ``loss_type``,
+``max_completion_length``, ``num_items_in_batch``), and each docstring says which denominator is meant, because
+the libraries disagree about it (``../shared/reference/libraries.md``, section 6).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+KL_KINDS = ("k1", "k2", "k3")
+
+
+# --- masked reductions -----------------------------------------------------------------------------------------
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Σ over ``mask`` of ``x`` (all entries, or along ``dim``). Entries outside the mask may hold anything,
+    NaN included: they are replaced, not multiplied, by 0."""
+    _check_same_shape(x=x, mask=mask)
+    kept = torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return kept.sum() if dim is None else kept.sum(dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``x`` over ``mask``; 0 (never NaN) where the mask is empty."""
+    count = mask.to(x.dtype).sum() if dim is None else mask.to(x.dtype).sum(dim)
+    return masked_sum(x, mask, dim) / count.clamp(min=1)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """``(x − μ) / sqrt(σ² + eps)`` over the masked entries, with the unbiased variance σ² (n − 1 in the
+    denominator, as TRL and verl whiten advantages); ``shift_mean=False`` adds μ back (TRL's reward whitening).
+    Returns 0 outside the mask."""
+    count = int(mask.sum())
+    if count < 2:
+        raise ValueError(f"masked_whiten needs at least 2 masked entries for an unbiased variance, got {count}")
+    mean = masked_mean(x, mask)
+    variance = masked_sum((x - mean) ** 2, mask) / (count - 1)
+    whitened = (x - mean) * torch.rsqrt(variance + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(mask.bool(), whitened, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+# --- KL estimators ---------------------------------------------------------------------------------------------
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(π ‖ π_ref) from tokens sampled from π (Schulman's k1, k2, k3), shape of ``logp``.
+
+    With ``δ = ref_logp − logp`` (the log-ratio π_ref/π at the sampled token):
+    k1 = −δ (unbiased, can be negative); k2 = ½δ² (biased, ≥ 0, low variance); k3 = e^δ − δ − 1 (unbiased
+    and ≥ 0, since E_π[e^δ] = 1 and e^x ≥ 1 + x). GRPO puts β·k3 in its loss.
+    """
+    if kind not in KL_KINDS:
+        raise ValueError(f"unknown KL estimator {kind!r}; choose one of {KL_KINDS}")
+    _check_same_shape(logp=logp, ref_logp=ref_logp)
+    delta = ref_logp - logp
+    if kind == "k1":
+        return -delta
+    if kind == "k2":
+        return 0.5 * delta**2
+    return torch.expm1(delta) - delta  # e^δ − 1 − δ, with expm1 for accuracy when δ ≈ 0
+
+
+# --- advantages ------------------------------------------------------------------------------------------------
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over right-padded rows: ``(advantages, returns)``, each (B, T).
+
+        δ_t = r_t + γ V_{t+1} − V_t      (V = 0 after a row's last real token: the episode ends there)
+        A_t = δ_t + γλ A_{t+1} = Σ_k (γλ)^k δ_{t+k}
+        returns = A + V                 (the value model's regression target)
+
+    ``lam`` is a float or a per-row tensor (B,) (VAPO's length-adaptive λ). Both outputs are 0 on padding.
+    Computed without a loop over time steps: ``A = δ M`` with the upper-triangular discount matrix
+    ``M[s, t] = (γλ)^(t−s)`` for ``t ≥ s`` (memory B·T² for a per-row λ, T² otherwise).
+    """
+    _check_same_shape(rewards=rewards, values=values, mask=mask)
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards, values and mask must be (B, T), got shape {tuple(rewards.shape)}")
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
+    mask = mask.bool()
+    _check_right_padded(mask)
+    _check_finite("rewards", rewards, mask)
+    _check_finite("values", values, mask)
+    lam = torch.as_tensor(lam, dtype=rewards.dtype, device=rewards.device)
+    if lam.dim() not in (0, 1) or (lam.dim() == 1 and lam.shape[0] != rewards.shape[0]):
+        raise ValueError(f"lam must be a float or a (B,) = ({rewards.shape[0]},) tensor, got shape {tuple(lam.shape)}")
+    if not bool(((lam >= 0) & (lam <= 1)).all()):
+        raise ValueError(f"lam must lie in [0, 1], got {lam.tolist()}")
+
+    zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+    rewards, values = torch.where(mask, rewards, zero), torch.where(mask, values, zero)
+    next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)  # padding is already 0
+    deltas = rewards + gamma * next_values - values  # (B, T), 0 on padding
+
+    T = rewards.shape[1]
+    steps = torch.arange(T, device=rewards.device)
+    lag = steps[None, :] - steps[:, None]  # lag[s, t] = t − s
+    decay = (gamma * lam).reshape(-1, 1, 1)  # (1 or B, 1, 1)
+    discount = torch.where(lag >= 0, decay ** lag.clamp(min=0).to(rewards.dtype), zero)  # (1 or B, T, T)
+    advantages = torch.einsum("bt,bst->bs", deltas, discount.expand(rewards.shape[0], T, T))
+    advantages = torch.where(mask, advantages, zero)
+    return advantages, torch.where(mask, advantages + values, zero)
+
+
+# --- the policy loss -------------------------------------------------------------------------------------------
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    loss_type: str = "bnpo",
+    max_completion_length: int | None = None,
+    num_items_in_batch: int | float | None = None,
+    beta: float = 0.0,
+    ref_logp: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped surrogate (PPO-Clip) with an optional in-loss KL term, aggregated as ``loss_type``.
+
+    Per token, with ρ = exp(logp − old_logp) and ε_high = ε unless given:
+
+        ℓ_t = −min(ρ_t A_t, clip(ρ_t, 1 − ε, 1 + ε_high) A_t) + β · k3_t(π ‖ π_ref)
+
+    ``advantages`` are per token (B, T) (PPO with GAE) or per completion (B,) (the group methods), broadcast over
+    tokens. Aggregation over the masked tokens, named as in TRL:
+
+    - ``"grpo"``: mean over rows of Σ_t m ℓ / max(|o_i|, 1) (each completion weighs the same);
+    - ``"bnpo"``: Σ m ℓ / max(Σ m, 1) (a token mean over this batch);
+    - ``"dr_grpo"``: Σ m ℓ / (B · max_completion_length) (a constant; ``max_completion_length`` defaults to T);
+    - ``"dapo"``: Σ m ℓ / num_items_in_batch, where ``num_items_in_batch`` (default Σ m) is the token count of the
+      *whole* batch when this call sees one micro-batch of it, so that summed micro-batch gradients equal the
+      gradient of the global token mean.
+
+    Returns ``(loss, metrics)``; the metrics are detached floats over the masked tokens: ``clip_frac_low``
+    (ρ < 1 − ε with A < 0), ``clip_frac_high`` (ρ > 1 + ε_high with A > 0), ``clip_frac`` (their sum: the tokens
+    whose gradient the clip removes), ``approx_kl`` (k3 estimate of KL(π_old ‖ π_θ)), ``ratio_min/max/mean``, and
+    ``kl_ref`` (mean k3 to the reference) when β > 0.
+    """
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"unknown loss_type {loss_type!r}; choose one of {LOSS_TYPES}")
+    if not epsilon > 0 or not epsilon_high > 0:
+        raise ValueError(f"epsilon and epsilon_high must be positive, got {epsilon} and {epsilon_high}")
+    if epsilon >= 1:
+        raise ValueError(f"epsilon must be below 1 (the ratio's lower clip 1 - epsilon must stay positive), got {epsilon}")
+    if beta < 0 or not math.isfinite(beta):
+        raise ValueError(f"beta must be a finite number >= 0, got {beta}")
+    _check_same_shape(logp=logp, old_logp=old_logp, mask=mask)
+    if logp.dim() != 2:
+        raise ValueError(f"logp, old_logp and mask must be (B, T), got shape {tuple(logp.shape)}")
+    mask = mask.bool()
+    if not bool(mask.any()):
+        raise ValueError("the loss mask is all zero: there is no completion token to learn from")
+    if advantages.shape == logp.shape[:1]:
+        advantages = advantages[:, None].expand_as(logp)
+    elif advantages.shape != logp.shape:
+        raise ValueError(f"advantages must be (B,) = ({logp.shape[0]},) or (B, T) = {tuple(logp.shape)}, "
+                         f"got {tuple(advantages.shape)}")
+    _check_finite("logp", logp, mask)
+    _check_finite("old_logp", old_logp, mask)
+    _check_finite("advantages", advantages, mask)
+    if beta > 0:
+        if ref_logp is None:
+            raise ValueError("beta > 0 needs ref_logp, the reference policy's log-probs of the same tokens")
+        _check_same_shape(logp=logp, ref_logp=ref_logp)
+        _check_finite("ref_logp", ref_logp, mask)
+
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    log_ratio = torch.where(mask, logp - old_logp, zero)  # padding may hold garbage: keep it out of exp
+    ratio = torch.exp(log_ratio)
+    clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
+    per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    if beta > 0:
+        kl_ref = kl_estimate(logp, torch.where(mask, ref_logp, logp))
+        per_token = per_token + beta * kl_ref
+
+    loss = _aggregate(per_token, mask, loss_type, max_completion_length, num_items_in_batch)
+
+    with torch.no_grad():
+        low = (ratio < 1 - epsilon) & (advantages < 0)
+        high = (ratio > 1 + epsilon_high) & (advantages > 0)
+        metrics = {
+            "clip_frac_low": masked_mean(low.float(), mask).item(),
+            "clip_frac_high": masked_mean(high.float(), mask).item(),
+            "clip_frac": masked_mean((low | high).float(), mask).item(),
+            "approx_kl": masked_mean(kl_estimate(old_logp, torch.where(mask, logp, old_logp)), mask).item(),
+            "ratio_min": ratio[mask].min().item(),
+            "ratio_max": ratio[mask].max().item(),
+            "ratio_mean": masked_mean(ratio, mask).item(),
+        }
+        if beta > 0:
+            metrics["kl_ref"] = masked_mean(kl_ref, mask).item()
+    return loss, metrics
+
+
+def _aggregate(per_token, mask, loss_type, max_completion_length, num_items_in_batch) -> torch.Tensor:
+    """Reduce the (B, T) per-token loss to a scalar with ``loss_type``'s denominator (see :func:`policy_loss`)."""
+    if loss_type == "grpo":
+        lengths = mask.sum(-1).clamp(min=1)
+        return (masked_sum(per_token, mask, dim=-1) / lengths).mean()
+    total = masked_sum(per_token, mask)
+    if loss_type == "bnpo":
+        return total / mask.sum().clamp(min=1)
+    if loss_type == "dr_grpo":
+        length = per_token.shape[1] if max_completion_length is None else max_completion_length
+        if length < per_token.shape[1]:
+            raise ValueError(f"max_completion_length {length} is shorter than the completions' padded length "
+                             f"{per_token.shape[1]}")
+        return total / (per_token.shape[0] * length)
+    count = mask.sum() if num_items_in_batch is None else num_items_in_batch
+    if not count > 0:
+        raise ValueError(f"num_items_in_batch must be positive, got {count}")
+    return total / count
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip_range_value: float | None = None,
+) -> torch.Tensor:
+    """½ · masked mean of max((V − R)², (clip(V, V_old − c, V_old + c) − R)²), all (B, T).
+
+    The clipped branch (PPO's value clipping, c = ``clip_range_value``) stops the value model from moving far
+    from the values it had when the rollout was scored; ``None`` gives the plain ½ (V − R)².
+    """
+    _check_same_shape(values=values, old_values=old_values, returns=returns, mask=mask)
+    mask = mask.bool()
+    if not bool(mask.any()):
+        raise ValueError("the value-loss mask is all zero: there is no token to fit")
+    if clip_range_value is not None and not clip_range_value > 0:
+        raise ValueError(f"clip_range_value must be positive or None, got {clip_range_value}")
+    for name, tensor in (("values", values), ("old_values", old_values), ("returns", returns)):
+        _check_finite(name, tensor, mask)
+    squared = (values - returns) ** 2
+    if clip_range_value is not None:
+        clipped = old_values + (values - old_values).clamp(-clip_range_value, clip_range_value)
+        squared = torch.maximum(squared, (clipped - returns) ** 2)
+    return 0.5 * masked_mean(squared, mask)
+
+
+# --- input checks ----------------------------------------------------------------------------------------------
+
+
+def _check_same_shape(**tensors: torch.Tensor) -> None:
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    if len(set(shapes.values())) > 1:
+        raise ValueError("shape mismatch: " + ", ".join(f"{name} {shape}" for name, shape in shapes.items()))
+
+
+def _check_finite(name: str, x: torch.Tensor, mask: torch.Tensor) -> None:
+    bad = ~torch.isfinite(x) & mask.bool()
+    if bool(bad.any()):
+        row, col = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name} is not finite at {int(bad.sum())} masked entries (first at row {row}, token "
+                         f"{col}: {x[row, col].item()})")
+
+
+def _check_right_padded(mask: torch.Tensor) -> None:
+    """Each row's real tokens come first: a 0 followed by a 1 would end an episode and restart it."""
+    if bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+        rows = (mask[:, 1:] & ~mask[:, :-1]).any(-1).nonzero().flatten().tolist()
+        raise ValueError(f"mask must be right-padded (1s, then 0s) in every row; rows {rows[:5]} are not")

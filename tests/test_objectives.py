@@ -1,0 +1,292 @@
+"""Tests for rlbook.objectives: each function against its formula written as a plain loop, invariants, bad input."""
+
+import math
+
+import pytest
+import torch
+
+from rlbook.objectives import gae, kl_estimate, masked_mean, masked_sum, masked_whiten, policy_loss, value_loss
+
+
+def ragged_mask(lengths, T):
+    return (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).float()
+
+
+def random_batch(seed=0, B=6, T=9, lengths=(9, 1, 5, 3, 8, 2)):
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    # ratios far outside any clip range, in both directions
+    old_logp = logp + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.8
+    advantages = torch.randn(B, T, generator=g, dtype=torch.float64)
+    ref_logp = logp + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.3
+    return logp, old_logp, advantages, ref_logp, ragged_mask(lengths, T).double()
+
+
+# --- masked reductions ----------------------------------------------------------------------------------------
+
+
+def test_masked_reductions_ignore_garbage_outside_the_mask():
+    x = torch.tensor([[1.0, 2.0, float("nan")], [3.0, float("inf"), 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert masked_sum(x, mask).item() == pytest.approx(6.0)
+    assert masked_mean(x, mask).item() == pytest.approx(2.0)
+    assert torch.allclose(masked_mean(x, mask, dim=-1), torch.tensor([1.5, 3.0]))
+
+
+def test_masked_mean_of_an_empty_mask_is_zero_not_nan():
+    assert masked_mean(torch.ones(2, 3), torch.zeros(2, 3)).item() == 0.0
+    assert torch.allclose(masked_mean(torch.ones(2, 3), torch.tensor([[0, 0, 0], [1, 1, 0]]), dim=-1),
+                          torch.tensor([0.0, 1.0]))
+
+
+def test_masked_whiten_uses_the_unbiased_variance_over_the_mask():
+    x = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 5.0, -7.0, 9.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=torch.float64)
+    expected = (values - values.mean()) / torch.sqrt(values.var(unbiased=True) + 1e-8)
+    out = masked_whiten(x, mask)
+    assert torch.allclose(out[mask.bool()], expected)
+    assert torch.all(out[~mask.bool()] == 0)
+    assert torch.allclose(masked_whiten(x, mask, shift_mean=False)[mask.bool()], expected + values.mean())
+    with pytest.raises(ValueError, match="at least 2 masked entries"):
+        masked_whiten(x, torch.tensor([[1, 0, 0, 0], [0, 0, 0, 0]]))
+
+
+# --- KL estimators --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+def test_kl_estimators_are_zero_at_equal_inputs(kind):
+    logp = -torch.rand(4, 5)
+    assert torch.all(kl_estimate(logp, logp.clone(), kind) == 0)
+
+
+def test_kl_estimators_match_their_formulas_and_k3_is_nonnegative():
+    logp, ref_logp = -torch.rand(1000, dtype=torch.float64) * 5, -torch.rand(1000, dtype=torch.float64) * 5
+    delta = ref_logp - logp
+    assert torch.allclose(kl_estimate(logp, ref_logp, "k1"), logp - ref_logp)
+    assert torch.allclose(kl_estimate(logp, ref_logp, "k2"), 0.5 * (logp - ref_logp) ** 2)
+    assert torch.allclose(kl_estimate(logp, ref_logp, "k3"), torch.exp(delta) - delta - 1)
+    assert torch.all(kl_estimate(logp, ref_logp, "k3") >= 0)
+
+
+def test_k1_and_k3_are_unbiased_estimates_of_the_kl():
+    p = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    q = torch.tensor([0.2, 0.2, 0.6], dtype=torch.float64)
+    exact = (p * (p / q).log()).sum()
+    for kind in ("k1", "k3"):  # expectation under p, computed exactly over the support
+        expectation = (p * kl_estimate(p.log(), q.log(), kind)).sum()
+        assert expectation.item() == pytest.approx(exact.item(), rel=1e-12)
+    assert (p * kl_estimate(p.log(), q.log(), "k2")).sum().item() != pytest.approx(exact.item(), rel=1e-3)
+
+
+def test_unknown_kl_estimator():
+    with pytest.raises(ValueError, match="unknown KL estimator 'k4'"):
+        kl_estimate(torch.zeros(2), torch.zeros(2), "k4")
+
+
+# --- GAE --------------------------------------------------------------------------------------------------------
+
+
+def gae_loop(rewards, values, lengths, gamma, lams):
+    """The textbook recursion, one row and one step at a time."""
+    B, T = rewards.shape
+    advantages = torch.zeros(B, T, dtype=torch.float64)
+    for i in range(B):
+        running = 0.0
+        for t in reversed(range(lengths[i])):
+            next_value = values[i, t + 1] if t + 1 < lengths[i] else 0.0
+            delta = rewards[i, t] + gamma * next_value - values[i, t]
+            running = delta + gamma * lams[i] * running
+            advantages[i, t] = running
+    returns = (advantages + values) * ragged_mask(lengths, T).double()
+    return advantages, returns
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.99, 0.5, 0.0])
+@pytest.mark.parametrize("lam", [1.0, 0.95, 0.0, "per-row"])
+def test_gae_equals_the_plain_double_loop(gamma, lam):
+    g = torch.Generator().manual_seed(1)
+    lengths = [7, 1, 4, 0, 6]
+    B, T = len(lengths), 7
+    rewards = torch.randn(B, T, generator=g, dtype=torch.float64)
+    values = torch.randn(B, T, generator=g, dtype=torch.float64)
+    lams = torch.rand(B, generator=g, dtype=torch.float64) if lam == "per-row" else torch.full((B,), float(lam), dtype=torch.float64)
+    mask = ragged_mask(lengths, T)
+    rewards_padded = torch.where(mask.bool(), rewards, torch.full_like(rewards, float("nan")))  # garbage on padding
+    advantages, returns = gae(rewards_padded, values, mask, gamma, lams if lam == "per-row" else float(lam))
+    expected_advantages, expected_returns = gae_loop(rewards, values, lengths, gamma, lams)
+    torch.testing.assert_close(advantages, expected_advantages, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(returns, expected_returns, rtol=1e-12, atol=1e-12)
+
+
+def test_gae_special_cases_lambda_zero_is_the_td_residual_and_lambda_one_is_return_minus_value():
+    g = torch.Generator().manual_seed(2)
+    rewards, values = torch.randn(3, 5, generator=g, dtype=torch.float64), torch.randn(3, 5, generator=g, dtype=torch.float64)
+    mask = torch.ones(3, 5)
+    gamma = 0.9
+    td, _ = gae(rewards, values, mask, gamma, 0.0)
+    next_values = torch.cat([values[:, 1:], torch.zeros(3, 1, dtype=torch.float64)], 1)
+    torch.testing.assert_close(td, rewards + gamma * next_values - values)
+    mc, _ = gae(rewards, values, mask, gamma, 1.0)
+    discounted_return = torch.stack([sum(gamma**k * rewards[:, t + k] for k in range(5 - t)) for t in range(5)], 1)
+    torch.testing.assert_close(mc, discounted_return - values)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(gamma=1.5), "gamma must lie in"),
+        (dict(lam=-0.1), "lam must lie in"),
+        (dict(lam=torch.ones(2)), r"lam must be a float or a \(B,\)"),
+        (dict(mask=torch.tensor([[1, 0, 1], [1, 1, 1], [1, 0, 0]])), "right-padded"),
+        (dict(rewards=torch.tensor([[1.0, float("nan"), 0], [0, 0, 0], [0, 0, 0]])), "rewards is not finite"),
+        (dict(values=torch.zeros(3, 4)), "shape mismatch"),
+    ],
+)
+def test_gae_bad_input(kwargs, match):
+    args = dict(rewards=torch.zeros(3, 3), values=torch.zeros(3, 3), mask=torch.ones(3, 3), gamma=1.0, lam=0.95)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        gae(**args)
+
+
+# --- the policy loss ------------------------------------------------------------------------------------------
+
+
+def per_token_loss_loop(logp, old_logp, advantages, ref_logp, epsilon, epsilon_high, beta):
+    B, T = logp.shape
+    out = torch.zeros(B, T, dtype=torch.float64)
+    for i in range(B):
+        for t in range(T):
+            ratio = math.exp(logp[i, t] - old_logp[i, t])
+            a = float(advantages[i, t])
+            clipped = min(max(ratio, 1 - epsilon), 1 + epsilon_high)
+            d = float(ref_logp[i, t] - logp[i, t])
+            out[i, t] = -min(ratio * a, clipped * a) + beta * (math.exp(d) - d - 1)
+    return out
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("epsilon_high", [None, 0.28])
+def test_every_loss_type_equals_its_formula(loss_type, beta, epsilon_high):
+    logp, old_logp, advantages, ref_logp, mask = random_batch()
+    eps_high = 0.2 if epsilon_high is None else epsilon_high
+    ell = per_token_loss_loop(logp, old_logp, advantages, ref_logp, 0.2, eps_high, beta) * mask
+    lengths = mask.sum(-1)
+    B, T = mask.shape
+    expected = {
+        "grpo": (ell.sum(-1) / lengths.clamp(min=1)).mean(),
+        "bnpo": ell.sum() / mask.sum(),
+        "dr_grpo": ell.sum() / (B * 16),
+        "dapo": ell.sum() / 100.0,
+    }[loss_type]
+    loss, metrics = policy_loss(logp, old_logp, advantages, mask, epsilon=0.2, epsilon_high=epsilon_high,
+                                loss_type=loss_type, max_completion_length=16, num_items_in_batch=100.0,
+                                beta=beta, ref_logp=ref_logp)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    assert 0 < metrics["clip_frac"] < 1, "the test batch must exercise the clip"
+    assert ("kl_ref" in metrics) == (beta > 0)
+
+
+def test_sequence_level_advantages_broadcast_over_tokens():
+    logp, old_logp, _, _, mask = random_batch()
+    per_row = torch.randn(logp.shape[0], dtype=torch.float64)
+    a, _ = policy_loss(logp, old_logp, per_row, mask, loss_type="grpo")
+    b, _ = policy_loss(logp, old_logp, per_row[:, None].expand_as(logp), mask, loss_type="grpo")
+    assert a.item() == pytest.approx(b.item(), rel=1e-12)
+
+
+def test_clipped_loss_has_zero_gradient_exactly_outside_the_trust_region():
+    """∂ℓ/∂logp is 0 where A > 0 and ρ > 1 + ε, or A < 0 and ρ < 1 − ε; nonzero everywhere else, including
+    A < 0 with ρ > 1 + ε (the clip does not stop a bad action from being pushed down further)."""
+    ratios = torch.tensor([0.5, 0.9, 1.1, 1.5, 0.5, 0.9, 1.1, 1.5], dtype=torch.float64)
+    advantages = torch.tensor([1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0], dtype=torch.float64)
+    old_logp = torch.full((1, 8), -1.0, dtype=torch.float64)
+    logp = (old_logp + ratios.log()).requires_grad_()
+    loss, metrics = policy_loss(logp, old_logp, advantages[None], torch.ones(1, 8), epsilon=0.2, loss_type="dapo")
+    loss.backward()
+    zero_gradient = logp.grad[0] == 0
+    assert zero_gradient.tolist() == [False, False, False, True, True, False, False, False]
+    assert metrics["clip_frac_high"] == pytest.approx(1 / 8) and metrics["clip_frac_low"] == pytest.approx(1 / 8)
+
+
+def test_dapo_micro_batches_with_num_items_in_batch_give_the_whole_batch_gradient():
+    logp, old_logp, advantages, _, mask = random_batch(seed=3)
+    params = logp.clone().requires_grad_()
+    policy_loss(params, old_logp, advantages, mask, loss_type="dapo")[0].backward()
+    whole = params.grad.clone()
+    params.grad = None
+    total_tokens = mask.sum()
+    for rows in (slice(0, 2), slice(2, 5), slice(5, 6)):  # micro-batches of unequal token counts
+        loss, _ = policy_loss(params[rows], old_logp[rows], advantages[rows], mask[rows], loss_type="dapo",
+                              num_items_in_batch=total_tokens)
+        loss.backward()
+    torch.testing.assert_close(params.grad, whole, rtol=1e-12, atol=1e-12)
+    # bnpo over the same micro-batches is a mean of micro-batch means: a different gradient
+    params.grad = None
+    for rows in (slice(0, 2), slice(2, 5), slice(5, 6)):
+        (policy_loss(params[rows], old_logp[rows], advantages[rows], mask[rows], loss_type="bnpo")[0] / 3).backward()
+    assert not torch.allclose(params.grad, whole, rtol=1e-3)
+
+
+def test_on_policy_ratio_is_one_and_metrics_say_so():
+    logp, _, advantages, _, mask = random_batch()
+    _, metrics = policy_loss(logp, logp.clone(), advantages, mask)
+    assert metrics["ratio_min"] == metrics["ratio_max"] == 1.0
+    assert metrics["clip_frac"] == 0.0 and metrics["approx_kl"] == 0.0
+
+
+def test_garbage_on_padding_does_not_leak_into_the_loss():
+    logp, old_logp, advantages, _, mask = random_batch()
+    loss, _ = policy_loss(logp, old_logp, advantages, mask)
+    garbage = torch.where(mask.bool(), logp, torch.full_like(logp, float("-inf")))
+    loss_garbage, metrics = policy_loss(garbage, old_logp, advantages, mask)
+    assert loss_garbage.item() == pytest.approx(loss.item(), rel=1e-12)
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(epsilon=0.0), "epsilon and epsilon_high must be positive"),
+        (dict(epsilon_high=-0.1), "epsilon and epsilon_high must be positive"),
+        (dict(epsilon=1.0), "epsilon must be below 1"),
+        (dict(loss_type="token"), "unknown loss_type"),
+        (dict(beta=0.1), "beta > 0 needs ref_logp"),
+        (dict(beta=-0.1), "beta must be"),
+        (dict(mask=torch.zeros(2, 3)), "mask is all zero"),
+        (dict(advantages=torch.zeros(3)), "advantages must be"),
+        (dict(old_logp=torch.zeros(2, 4)), "shape mismatch"),
+        (dict(logp=torch.tensor([[0.0, float("nan"), 0.0], [0.0, 0.0, 0.0]])), "logp is not finite"),
+        (dict(advantages=torch.tensor([float("inf"), 0.0])), "advantages is not finite"),
+        (dict(loss_type="dr_grpo", max_completion_length=2), "max_completion_length 2 is shorter"),
+        (dict(loss_type="dapo", num_items_in_batch=0), "num_items_in_batch must be positive"),
+    ],
+)
+def test_policy_loss_bad_input(kwargs, match):
+    args = dict(logp=torch.zeros(2, 3), old_logp=torch.zeros(2, 3), advantages=torch.zeros(2), mask=torch.ones(2, 3))
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        policy_loss(**args)
+
+
+# --- the value loss -------------------------------------------------------------------------------------------
+
+
+def test_value_loss_formula_with_and_without_clipping():
+    values = torch.tensor([[1.0, 2.0, 0.0], [0.5, -1.0, 9.0]], dtype=torch.float64)
+    old_values = torch.tensor([[0.0, 2.1, 0.0], [0.5, 0.0, 0.0]], dtype=torch.float64)
+    returns = torch.tensor([[0.0, 2.0, 0.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    plain = 0.5 * torch.tensor([1.0, 0.0, 0.25, 4.0]).mean()
+    assert value_loss(values, old_values, returns, mask).item() == pytest.approx(plain.item())
+    # clip 0.2: V 1.0 -> 0.2 (err 0.04 vs 1: max 1); 2.0 stays (0); 0.5 stays (0.25); -1.0 -> -0.2 (1.44 vs 4: max 4)
+    assert value_loss(values, old_values, returns, mask, 0.2).item() == pytest.approx(plain.item())
+    # clipping can only raise the loss: with V far from R and V_old near R, the clipped branch is not smaller
+    assert value_loss(values, returns, returns, mask, 0.1).item() >= value_loss(values, returns, returns, mask).item()
+    with pytest.raises(ValueError, match="clip_range_value must be positive"):
+        value_loss(values, old_values, returns, mask, 0.0)
+    with pytest.raises(ValueError, match="all zero"):
+        value_loss(values, old_values, returns, torch.zeros(2, 3))
