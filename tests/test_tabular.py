@@ -6,10 +6,13 @@ import pytest
 
 from rlbook.exercises.mdp import random_mdp
 from rlbook.tabular import (
+    TIE_ATOL,
     FiniteMDP,
     bellman_expectation_operator,
     bellman_optimality_operator,
     epsilon_greedy_probs,
+    greedy_action,
+    greedy_mask,
     greedy_policy,
     greedy_rollout,
     policy_evaluation,
@@ -99,7 +102,7 @@ def test_from_gymnasium_frozen_lake(frozen_lake, frozen_lake_mdp):
     assert (mdp.num_states, mdp.num_actions) == (16, 4)
     assert np.flatnonzero(mdp.terminal).tolist() == [5, 7, 11, 12, 15]
     assert mdp.shape == (4, 4) and mdp.desc[0, 0] == "S" and mdp.desc[3, 3] == "G"
-    assert mdp.initial[0] == 1.0
+    assert mdp.initial[0] == pytest.approx(1.0)
     # Expected rewards agree with gymnasium's own table.
     table = frozen_lake.unwrapped.P
     for s in range(16):
@@ -113,7 +116,75 @@ def test_from_gymnasium_cliff_walking():
     assert np.flatnonzero(mdp.terminal).tolist() == [47]
     assert mdp.shape == (4, 12)
     # Stepping right from the start (36) falls off the cliff: -100 and back to the start.
-    assert mdp.P[36, 1, 36] == 1.0 and mdp.R[36, 1, 36] == -100
+    assert mdp.P[36, 1, 36] == pytest.approx(1.0) and mdp.R[36, 1, 36] == pytest.approx(-100)
+
+
+def test_toy_text_terminations_are_per_state_in_frozen_lake_and_cliff_walking(frozen_lake_mdp):
+    # Every terminating transition enters a terminal state, so the per-transition mask adds nothing there and the
+    # models (and every result computed from them) are the same as with per-state termination alone.
+    for mdp in (frozen_lake_mdp, FiniteMDP.from_gymnasium(gym.make("CliffWalking-v1"), gamma=1.0)):
+        expected = np.broadcast_to(mdp.terminal[None, None, :], mdp.P.shape)
+        assert (mdp.terminates == expected).all()
+        same = FiniteMDP(mdp.P, mdp.R, mdp.gamma, mdp.terminal)
+        np.testing.assert_allclose(mdp.continuation, same.continuation, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(value_iteration(mdp).V, value_iteration(same).V, rtol=0, atol=1e-12)
+
+
+def test_per_transition_termination_feeds_the_continuation():
+    # One state, two actions that both return to it: action 1 ends the episode (reward 5), action 0 goes on.
+    P = np.ones((1, 2, 1))
+    R = np.array([[1.0, 5.0]])
+    mdp = FiniteMDP(P, R, 0.9, terminates=np.array([[[False], [True]]]))
+    assert not mdp.terminal[0]
+    np.testing.assert_allclose(mdp.continuation[0, :, 0], [1.0, 0.0], atol=1e-12)
+    # V* = max(5, 1 + 0.9 V*) = 10: going on forever is worth 1 / (1 - 0.9) = 10 > 5.
+    np.testing.assert_allclose(value_iteration(mdp, tol=1e-12).V, [10.0], atol=1e-9)
+    np.testing.assert_allclose(policy_evaluation(mdp, np.array([1])), [5.0], atol=1e-12)
+    np.testing.assert_allclose(mdp.with_gamma(0.5).continuation, mdp.continuation, atol=1e-12)  # kept by with_gamma
+    with pytest.raises(ValueError, match="terminates must be a boolean array of shape"):
+        FiniteMDP(P, R, 0.9, terminates=np.zeros((1, 2, 1)))
+
+
+@pytest.fixture(scope="module")
+def taxi():
+    env = gym.make("Taxi-v4")
+    return env, FiniteMDP.from_gymnasium(env, gamma=1.0)
+
+
+def test_from_gymnasium_taxi_marks_termination_per_transition(taxi):
+    # A successful drop-off ends the episode in a state the taxi can also drive into, so no state is terminal:
+    # the episode ends on the 4 drop-off transitions (one per destination) instead.
+    env, mdp = taxi
+    assert (mdp.num_states, mdp.num_actions) == (500, 6)
+    assert not mdp.terminal.any()
+    ends = np.argwhere(mdp.terminates)
+    assert len(ends) == 4 and set(ends[:, 1].tolist()) == {5}  # action 5: drop off
+    for s, a, s_next in ends:
+        (prob, next_state, reward, terminated), = env.unwrapped.P[int(s)][int(a)]
+        assert terminated and next_state == s_next and reward == pytest.approx(20)
+        assert mdp.continuation[s, a].sum() == pytest.approx(0.0)
+    np.testing.assert_allclose(mdp.initial, env.unwrapped.initial_state_distrib, atol=1e-12)
+
+
+def test_taxi_optimal_values_match_greedy_rollouts(taxi):
+    # Each step costs -1 and the drop-off pays +20 instead, so with gamma = 1 an optimal episode of n steps
+    # returns 21 - n: V* takes integer values between 3 (the farthest states) and 20 (one drop-off away).
+    env, mdp = taxi
+    result = value_iteration(mdp)
+    np.testing.assert_allclose(result.V, np.round(result.V), atol=1e-9)
+    assert result.V.min() == pytest.approx(3.0) and result.V.max() == pytest.approx(20.0)
+    for s, a, _ in np.argwhere(mdp.terminates):
+        assert result.V[s] == pytest.approx(20.0) and result.policy[s] == a
+    # The greedy policy terminates from every state, so its exact evaluation exists and equals V*.
+    np.testing.assert_allclose(policy_evaluation(mdp, result.policy), result.V, atol=1e-9)
+    discounted = value_iteration(mdp.with_gamma(0.9), tol=1e-12)
+    for seed in range(5):  # the environment itself (deterministic): rollouts return exactly V*(start)
+        states, total = greedy_rollout(env, result.Q, seed=seed)
+        steps = len(states) - 1
+        assert steps < 200 and total == pytest.approx(result.V[states[0]]) and total == pytest.approx(21 - steps)
+        rewards = [-1.0] * (steps - 1) + [20.0]
+        discounted_return = sum(0.9**t * r for t, r in enumerate(rewards))
+        assert discounted_return == pytest.approx(discounted.V[states[0]], abs=1e-8)
 
 
 def test_from_gymnasium_rejects_environments_without_a_model():
@@ -141,7 +212,7 @@ def test_policy_evaluation_is_the_fixed_point_of_the_expectation_operator(seed):
 
 def test_terminal_states_have_zero_value(frozen_lake_mdp):
     V = policy_evaluation(frozen_lake_mdp, np.full((16, 4), 0.25))
-    assert np.all(V[frozen_lake_mdp.terminal] == 0)
+    np.testing.assert_allclose(V[frozen_lake_mdp.terminal], 0.0, atol=1e-12)
 
 
 def test_policy_evaluation_rejects_bad_policies(frozen_lake_mdp):
@@ -153,10 +224,21 @@ def test_policy_evaluation_rejects_bad_policies(frozen_lake_mdp):
         policy_evaluation(frozen_lake_mdp, np.full(16, 4))
 
 
-def test_undiscounted_policy_that_never_terminates_is_reported():
-    # Non-slippery FrozenLake, gamma = 1, always LEFT: the agent stays in the first column forever.
+def test_undiscounted_policy_that_never_terminates_is_reported_with_the_trapped_states():
+    # Non-slippery FrozenLake, gamma = 1, always LEFT: from the first column the agent bumps into the wall for
+    # ever (states 0, 4, 8, 12 minus the hole 12), and from every other non-terminal state it walks left into
+    # that column or into a hole; states 1, 2, 3 slide to 0, and 9, 10 walk to 8.
     mdp = FiniteMDP.from_gymnasium(gym.make("FrozenLake-v1", is_slippery=False), gamma=1.0)
-    with pytest.raises(np.linalg.LinAlgError, match="never reaches a terminal state"):
+    with pytest.raises(np.linalg.LinAlgError, match="with gamma = 1") as error:
+        policy_evaluation(mdp, np.zeros(16, dtype=int))
+    message = str(error.value)
+    assert "never ends the episode from 8 state(s) (0, 1, 2, 3, 4, 8, 9, 10)" in message
+    assert "neither a terminal state nor a terminating transition" in message
+
+
+def test_a_gamma_too_close_to_one_is_reported_as_such():
+    mdp = FiniteMDP.from_gymnasium(gym.make("FrozenLake-v1", is_slippery=False), gamma=1 - 1e-14)
+    with pytest.raises(np.linalg.LinAlgError, match="so close to 1"):
         policy_evaluation(mdp, np.zeros(16, dtype=int))
 
 
@@ -185,14 +267,68 @@ def test_frozen_lake_optimal_policy_is_the_known_one(frozen_lake_mdp):
     assert result.V[0] == pytest.approx(0.5420, abs=1e-4)
 
 
+# --- the one tie rule (rlbook.tabular.greedy) ----------------------------------------------------------------
+
+
 def test_greedy_policy_breaks_ties_towards_the_lowest_action():
     assert greedy_policy(np.array([[1.0, 3.0, 3.0], [0.0, 0.0, 0.0]])).tolist() == [1, 0]
+
+
+# A row whose first and third values are tied up to rounding (1e-12 apart), and a real difference (1e-6).
+NEAR_TIE = np.array([1.0, 0.0, 1.0 + 1e-12, 0.5])
+REAL_GAP = np.array([1.0, 0.0, 1.0 + 1e-6, 0.5])
+
+
+def test_greedy_set_is_every_action_within_the_tolerance_of_the_maximum():
+    assert TIE_ATOL == pytest.approx(1e-10)
+    assert greedy_mask(NEAR_TIE).tolist() == [True, False, True, False]
+    assert greedy_mask(REAL_GAP).tolist() == [False, False, True, False]
+    assert greedy_mask(REAL_GAP, atol=1e-5).tolist() == [True, False, True, False]
+    assert greedy_action(NEAR_TIE) == 0 and greedy_action(REAL_GAP) == 2
+    assert greedy_action(np.stack([NEAR_TIE, REAL_GAP])).tolist() == [0, 2]
+    with pytest.raises(ValueError, match="NaN"):
+        greedy_mask([1.0, np.nan])
+
+
+def test_every_greedy_function_applies_the_same_tie_rule():
+    Q = np.stack([NEAR_TIE, REAL_GAP, np.zeros(4)])
+    # Deterministic choices take the lowest index of the greedy set...
+    assert greedy_policy(Q).tolist() == [0, 2, 0]
+    # ...and epsilon-greedy spreads its greedy mass uniformly over the same set, so the deterministic greedy
+    # action always has the largest epsilon-greedy probability.
+    probs = epsilon_greedy_probs(Q, 0.0)
+    np.testing.assert_allclose(probs, [[0.5, 0, 0.5, 0], [0, 0, 1, 0], [0.25] * 4], atol=1e-12)
+    np.testing.assert_allclose(epsilon_greedy_probs(Q, 0.2)[0], [0.45, 0.05, 0.45, 0.05], atol=1e-12)
+    assert (greedy_mask(Q) == (probs > 0)).all()
+    for row in range(len(Q)):
+        assert probs[row, greedy_policy(Q)[row]] == pytest.approx(probs[row].max())
+
+
+def test_greedy_rollout_breaks_near_ties_like_greedy_policy():
+    # Non-slippery FrozenLake, actions LEFT=0 and RIGHT=2 tied up to rounding in every state: np.argmax would walk
+    # right, the tie rule picks LEFT, the lowest index, and the agent stays against the wall in state 0.
+    env = gym.make("FrozenLake-v1", is_slippery=False)
+    Q = np.tile(NEAR_TIE, (16, 1))
+    states, total = greedy_rollout(env, Q, max_steps=3)
+    assert states == [0, 0, 0, 0] and total == pytest.approx(0.0)
+    assert greedy_policy(Q)[0] == 0
+
+
+def test_policy_iteration_keeps_an_action_that_is_greedy_up_to_rounding():
+    # Two actions with the same effect: whichever the policy holds is kept, so the loop cannot cycle.
+    P = np.zeros((2, 2, 2))
+    P[0, :, 1] = 1.0
+    P[1, :, 1] = 1.0
+    mdp = FiniteMDP(P, np.array([[1.0, 1.0 + 1e-13], [0.0, 0.0]]), 0.9, terminal=[False, True])
+    for start in (0, 1):
+        _, policy, iterations = policy_iteration(mdp, np.array([start, 0]))
+        assert policy.tolist() == [start, 0] and iterations == 1
 
 
 # --- epsilon-greedy and the TD updates ------------------------------------------------------------------
 
 
-def test_epsilon_greedy_seed_example():
+def test_epsilon_greedy_study_note_example():
     probs = epsilon_greedy_probs([0.2, 0.9, 0.5], 0.1)
     assert np.allclose(probs, [0.1 / 3, 0.9 + 0.1 / 3, 0.1 / 3])
     assert probs[1] == pytest.approx(0.9333, abs=1e-4)
@@ -213,7 +349,7 @@ def test_epsilon_greedy_errors(q, epsilon, match):
         epsilon_greedy_probs(q, epsilon)
 
 
-def test_q_learning_update_seed_example_in_place():
+def test_q_learning_update_study_note_example_in_place():
     Q = np.zeros((2, 2))
     Q[0, 0], Q[1] = 0.5, [0.3, 0.8]
     new = q_learning_update(Q, 0, 0, 1.0, 1, alpha=0.1, gamma=0.99)
@@ -222,13 +358,13 @@ def test_q_learning_update_seed_example_in_place():
 
 def test_terminal_transitions_do_not_bootstrap():
     Q = np.array([[0.0, 0.0], [10.0, 10.0]])
-    assert q_learning_update(Q.copy(), 0, 0, 1.0, 1, 0.5, 0.9, terminated=True) == 0.5
-    assert sarsa_update(Q.copy(), 0, 0, 1.0, 1, 1, 0.5, 0.9, terminated=True) == 0.5
+    assert q_learning_update(Q.copy(), 0, 0, 1.0, 1, 0.5, 0.9, terminated=True) == pytest.approx(0.5)
+    assert sarsa_update(Q.copy(), 0, 0, 1.0, 1, 1, 0.5, 0.9, terminated=True) == pytest.approx(0.5)
 
 
 def test_sarsa_uses_the_next_action_taken_not_the_max():
     Q = np.array([[0.0, 0.0], [2.0, 6.0]])
-    assert sarsa_update(Q, 0, 0, 0.0, 1, 0, alpha=1.0, gamma=0.5) == 1.0
+    assert sarsa_update(Q, 0, 0, 0.0, 1, 0, alpha=1.0, gamma=0.5) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(
@@ -257,7 +393,7 @@ def test_q_learning_update_needs_a_float_array():
 
 def test_visit_count_step_size():
     step = visit_count_step_size(1.0)
-    assert [step(n) for n in (1, 2, 4)] == [1.0, 0.5, 0.25]
+    assert [step(n) for n in (1, 2, 4)] == pytest.approx([1.0, 0.5, 0.25])
     with pytest.raises(ValueError, match="power must lie"):
         visit_count_step_size(1.5)
 
@@ -277,7 +413,8 @@ def test_q_learning_is_off_policy_it_finds_q_star_while_acting_at_random():
 def test_td_control_is_reproducible_and_validates_arguments(frozen_lake):
     a = q_learning(frozen_lake, 50, seed=3)
     b = q_learning(frozen_lake, 50, seed=3)
-    assert np.array_equal(a.Q, b.Q) and np.array_equal(a.episode_returns, b.episode_returns)
+    np.testing.assert_allclose(a.Q, b.Q, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(a.episode_returns, b.episode_returns, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="num_episodes"):
         q_learning(frozen_lake, 0)
     with pytest.raises(ValueError, match="epsilon"):
@@ -292,7 +429,7 @@ def test_cliff_walking_q_learning_takes_the_cliff_edge_and_sarsa_the_safe_path()
     s_result = sarsa(env, 500, alpha=0.5, gamma=1.0, epsilon=0.1, seed=0)
     q_path, q_return = greedy_rollout(env, q_result.Q)
     s_path, _ = greedy_rollout(env, s_result.Q)
-    assert q_return == -13 and len(q_path) == 14  # the optimal path hugs the cliff (row 2)...
+    assert q_return == pytest.approx(-13) and len(q_path) == 14  # the optimal path hugs the cliff (row 2)...
     assert q_path == [36] + list(range(24, 36)) + [47]
     assert s_path[:3] == [36, 24, 12]  # ...SARSA's climbs away from it first
     # ...and, exploring with epsilon = 0.1, SARSA earns more per episode while learning.

@@ -1,5 +1,6 @@
 """Tabular reinforcement learning: finite MDPs, exact planning, and TD control (Part I of the book)."""
 
+from rlbook.tabular.greedy import TIE_ATOL, greedy_action, greedy_mask
 from rlbook.tabular.mdp import FiniteMDP
 from rlbook.tabular.planning import (
     ValueIterationResult,
@@ -23,6 +24,9 @@ from rlbook.tabular.td import (
 )
 
 __all__ = [
+    "TIE_ATOL",
+    "greedy_action",
+    "greedy_mask",
     "FiniteMDP",
     "ValueIterationResult",
     "bellman_expectation_operator",

@@ -2,8 +2,14 @@
 
 An MDP is the 5-tuple (S, A, P, R, gamma). Here S = {0, ..., S-1} and A = {0, ..., A-1}; ``P[s, a, s']`` is
 the probability of moving to ``s'`` after taking ``a`` in ``s``, and ``R[s, a, s']`` is the reward received on
-that transition. Episodic tasks mark their absorbing states in ``terminal``: entering one ends the episode, so
-nothing is bootstrapped from it (its value is 0 by definition).
+that transition. Episodic tasks mark the end of an episode in one of two ways:
+
+- per state, ``terminal[s']``: entering ``s'`` always ends the episode (FrozenLake's holes and goal, CliffWalking's
+  goal); nothing is bootstrapped from it, and its value is 0 by definition;
+- per transition, ``terminates[s, a, s']``: this particular transition ends the episode, although ``s'`` may also
+  be entered without ending it (Taxi: a successful drop-off lands in a state the taxi can also drive into).
+
+Both feed one array, ``continuation[s, a, s']``, the probability of moving to ``s'`` *and going on*.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ def check_gamma(gamma: float) -> float:
 
 @dataclass(frozen=True)
 class FiniteMDP:
-    """A finite MDP (S, A, P, R, gamma) with optional terminal (absorbing) states.
+    """A finite MDP (S, A, P, R, gamma) with optional terminal (absorbing) states and terminating transitions.
 
     Args:
         P: transition probabilities, shape ``(S, A, S)``; every row ``P[s, a, :]`` sums to one.
@@ -36,6 +42,9 @@ class FiniteMDP:
         initial: start-state distribution, shape ``(S,)`` (defaults to uniform over non-terminal states).
         shape: optional ``(rows, cols)`` of a grid world, used only for plotting.
         desc: optional grid of map letters (FrozenLake's ``S``, ``F``, ``H``, ``G``), used only for plotting.
+        terminates: optional boolean mask of shape ``(S, A, S)``: the transition ``s -a-> s'`` ends the episode
+            (gymnasium's per-transition ``terminated`` flag). Every transition into a terminal ``s'`` ends it too,
+            so after construction ``terminates[s, a, s'] = terminates[s, a, s'] or terminal[s']``.
     """
 
     P: np.ndarray
@@ -45,6 +54,7 @@ class FiniteMDP:
     initial: np.ndarray | None = None
     shape: tuple[int, int] | None = None
     desc: np.ndarray | None = field(default=None, repr=False)
+    terminates: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         P = np.asarray(self.P, dtype=float)
@@ -74,6 +84,15 @@ class FiniteMDP:
         if terminal.shape != (num_states,):
             raise ValueError(f"terminal must have shape ({num_states},), got {terminal.shape}")
 
+        ends = np.broadcast_to(terminal[None, None, :], P.shape).copy()
+        if self.terminates is not None:
+            extra = np.asarray(self.terminates)
+            if extra.shape != P.shape or extra.dtype != bool:
+                raise ValueError(
+                    f"terminates must be a boolean array of shape {P.shape}, got {extra.dtype} {extra.shape}"
+                )
+            ends |= extra
+
         if self.initial is None:
             initial = (~terminal).astype(float) if not terminal.all() else np.ones(num_states)
             initial /= initial.sum()
@@ -84,7 +103,7 @@ class FiniteMDP:
             if np.any(initial < 0) or abs(initial.sum() - 1.0) > _ROW_SUM_ATOL:
                 raise ValueError(f"initial must be a probability vector, it sums to {initial.sum():.6g}")
 
-        for name, value in [("P", P), ("R", R), ("terminal", terminal), ("initial", initial)]:
+        for name, value in [("P", P), ("R", R), ("terminal", terminal), ("initial", initial), ("terminates", ends)]:
             object.__setattr__(self, name, _read_only(value))
         object.__setattr__(self, "gamma", check_gamma(self.gamma))
 
@@ -103,16 +122,17 @@ class FiniteMDP:
 
     @cached_property
     def continuation(self) -> np.ndarray:
-        """``P(s'|s,a) * (1 - terminal[s']) * (1 - terminal[s])``, shape ``(S, A, S)``: the probability of going on.
+        """``P(s'|s,a) (1 - terminates[s,a,s']) (1 - terminal[s])``, shape ``(S, A, S)``: the probability of going on.
 
-        Nothing is bootstrapped from a terminal ``s'``, and nothing follows a terminal ``s``, so that
-        ``V(terminal) = 0`` even where the environment's table lists moves out of a terminal state (CliffWalking).
+        Nothing is bootstrapped after a transition that ends the episode (in particular one into a terminal ``s'``),
+        and nothing follows a terminal ``s``, so that ``V(terminal) = 0`` even where the environment's table lists
+        moves out of a terminal state (CliffWalking).
         """
-        return _read_only(self.P * (~self.terminal)[None, None, :] * (~self.terminal)[:, None, None])
+        return _read_only(self.P * ~self.terminates * (~self.terminal)[:, None, None])
 
     def with_gamma(self, gamma: float) -> FiniteMDP:
         """The same MDP with another discount factor."""
-        return FiniteMDP(self.P, self.R, gamma, self.terminal, self.initial, self.shape, self.desc)
+        return FiniteMDP(self.P, self.R, gamma, self.terminal, self.initial, self.shape, self.desc, self.terminates)
 
     def check_state(self, s) -> int:
         """Return ``s`` as an int, or raise if it is not a state of this MDP."""
@@ -124,11 +144,12 @@ class FiniteMDP:
 
     @classmethod
     def from_gymnasium(cls, env, gamma: float = 0.99) -> FiniteMDP:
-        """Build the exact model of a gymnasium toy-text environment (FrozenLake, CliffWalking, Taxi...).
+        """Build the exact model of a gymnasium toy-text environment (FrozenLake, CliffWalking, Taxi).
 
         Toy-text environments expose their dynamics as ``env.unwrapped.P[s][a]``, a list of
         ``(probability, next_state, reward, terminated)`` tuples; this turns them into dense arrays.
-        A state is terminal when some transition into it ends the episode.
+        ``terminated`` belongs to a transition: it becomes ``terminates[s, a, s']``, and a state is also marked
+        ``terminal`` when every transition into it ends the episode (FrozenLake's holes, CliffWalking's goal).
         """
         unwrapped = getattr(env, "unwrapped", env)
         table = getattr(unwrapped, "P", None)
@@ -141,7 +162,7 @@ class FiniteMDP:
         num_actions = int(unwrapped.action_space.n)
         P = np.zeros((num_states, num_actions, num_states))
         R = np.zeros((num_states, num_actions, num_states))
-        ends = np.zeros(num_states, dtype=int)  # -1: some transition into s goes on, +1: some ends there
+        ends = np.zeros(P.shape, dtype=int)  # +1: the transition ends the episode, -1: it goes on, 0: unseen
         for s, row in table.items():
             for a, outcomes in row.items():
                 for prob, s_next, reward, terminated in outcomes:
@@ -153,9 +174,11 @@ class FiniteMDP:
                     )
                     P[s, a, s_next] += prob
                     if prob > 0:
-                        if ends[s_next] == (-1 if terminated else 1):
-                            raise ValueError(f"state {s_next} is entered both with and without termination")
-                        ends[s_next] = 1 if terminated else -1
+                        flag = 1 if terminated else -1
+                        if ends[s, a, s_next] == -flag:
+                            raise ValueError(f"the move {s} -{a}-> {s_next} both ends the episode and goes on")
+                        ends[s, a, s_next] = flag
+        entered_ending, entered_going = (ends == 1).any(axis=(0, 1)), (ends == -1).any(axis=(0, 1))
         initial = getattr(unwrapped, "initial_state_distrib", None)
         shape = getattr(unwrapped, "shape", None)
         if shape is None and hasattr(unwrapped, "nrow"):
@@ -163,7 +186,8 @@ class FiniteMDP:
         desc = getattr(unwrapped, "desc", None)
         if desc is not None:
             desc = np.asarray(desc).astype(str)
-        return cls(P, R, gamma, terminal=ends == 1, initial=initial, shape=shape, desc=desc)
+        terminal = entered_ending & ~entered_going
+        return cls(P, R, gamma, terminal, initial, shape, desc, terminates=ends == 1)
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlbook.tabular.greedy import TIE_ATOL, greedy_action, greedy_mask
 from rlbook.tabular.mdp import FiniteMDP
 
 
@@ -57,30 +58,58 @@ def bellman_optimality_operator(mdp: FiniteMDP, V: np.ndarray) -> np.ndarray:
     return q_from_v(mdp, V).max(axis=1)
 
 
-def greedy_policy(Q: np.ndarray, atol: float = 1e-10) -> np.ndarray:
-    """The deterministic policy ``argmax_a Q(s, a)``, shape ``(S,)``; ties within ``atol`` go to the lowest action."""
+def greedy_policy(Q: np.ndarray, atol: float = TIE_ATOL) -> np.ndarray:
+    """The deterministic policy ``argmax_a Q(s, a)``, shape ``(S,)``; ties within ``atol`` go to the lowest action
+    (the tie rule of :mod:`rlbook.tabular.greedy`)."""
     Q = np.asarray(Q, dtype=float)
     if Q.ndim != 2:
         raise ValueError(f"Q must have shape (S, A), got {Q.shape}")
-    return np.argmax(Q >= Q.max(axis=1, keepdims=True) - atol, axis=1)
+    return greedy_action(Q, atol)
 
 
 def policy_evaluation(mdp: FiniteMDP, policy) -> np.ndarray:
     """Exact ``V^pi`` by one linear solve: ``V = (I - gamma P_pi)^{-1} r_pi``.
 
-    ``P_pi[s, s'] = sum_a pi(a|s) P(s'|s,a) (1 - terminal[s'])`` and ``r_pi[s] = sum_a pi(a|s) r(s, a)``.
-    Raises if the system is singular, which happens when ``gamma = 1`` and the policy can loop forever.
+    ``P_pi[s, s'] = sum_a pi(a|s) continuation[s, a, s']`` (the probability of going on to ``s'``) and
+    ``r_pi[s] = sum_a pi(a|s) r(s, a)``. Raises if the system is singular, which happens when ``gamma = 1`` and
+    the policy, from some states, never ends the episode; the error lists such states.
     """
     pi = as_policy_matrix(mdp, policy)
     P_pi = np.einsum("sa,sat->st", pi, mdp.continuation)
     r_pi = np.sum(pi * mdp.expected_reward, axis=1)
     system = np.eye(mdp.num_states) - mdp.gamma * P_pi
     if np.linalg.cond(system) > 1e12:
-        raise np.linalg.LinAlgError(
-            "I - gamma P_pi is singular: with gamma = 1 this policy never reaches a terminal state "
-            "from some state, so its return is unbounded or undefined; use gamma < 1"
-        )
+        raise np.linalg.LinAlgError(_singular_reason(mdp.gamma, P_pi))
     return np.linalg.solve(system, r_pi)
+
+
+def _singular_reason(gamma: float, P_pi: np.ndarray, shown: int = 8) -> str:
+    """Why ``I - gamma P_pi`` is singular: the states from which the episode never ends under the policy."""
+    # The episode can end from s when, with positive probability, some reachable state leaks probability out of
+    # P_pi (a terminal state or a terminating transition). Grow that set backwards until it stops changing.
+    can_end = P_pi.sum(axis=1) < 1 - 1e-12
+    while True:
+        grown = can_end | ((P_pi > 0) & can_end[None, :]).any(axis=1)
+        if np.array_equal(grown, can_end):
+            break
+        can_end = grown
+    never = np.flatnonzero(~can_end)
+    if len(never) == 0:
+        return f"I - gamma P_pi is numerically singular (gamma = {gamma}); use a smaller gamma"
+    listed = ", ".join(str(int(s)) for s in never[:shown]) + (", ..." if len(never) > shown else "")
+    trapped = (
+        f"this policy never ends the episode from {len(never)} state(s) ({listed}): from there it reaches "
+        "neither a terminal state nor a terminating transition"
+    )
+    if gamma == 1.0:
+        return (
+            f"I - gamma P_pi is singular: with gamma = 1, {trapped}, so the return sums rewards forever and "
+            "V^pi is undefined; use gamma < 1 or a policy that ends the episode from every state"
+        )
+    return (
+        f"I - gamma P_pi is numerically singular: gamma = {gamma} is so close to 1 and {trapped}, so V^pi there "
+        "is of order 1 / (1 - gamma); use a smaller gamma or a policy that ends the episode from every state"
+    )
 
 
 @dataclass
@@ -140,7 +169,7 @@ def policy_iteration(mdp: FiniteMDP, policy=None, max_iterations: int = 1_000) -
         V = policy_evaluation(mdp, policy)
         Q = q_from_v(mdp, V)
         # Keep the current action when it is still greedy, so that ties cannot make the loop cycle.
-        still_greedy = Q[np.arange(mdp.num_states), policy] >= Q.max(axis=1) - 1e-10
+        still_greedy = greedy_mask(Q)[np.arange(mdp.num_states), policy]
         improved = np.where(still_greedy, policy, greedy_policy(Q))
         if np.array_equal(improved, policy):
             return V, policy, iteration

@@ -16,10 +16,11 @@ from typing import Callable
 
 import numpy as np
 
+from rlbook.tabular.greedy import TIE_ATOL, greedy_action, greedy_mask
 from rlbook.tabular.mdp import _check_index, check_gamma
 
 
-def epsilon_greedy_probs(q_values, epsilon: float) -> np.ndarray:
+def epsilon_greedy_probs(q_values, epsilon: float, atol: float = TIE_ATOL) -> np.ndarray:
     """Action probabilities of the epsilon-greedy policy, shape ``(..., A)`` like ``q_values``.
 
     With probability ``1 - epsilon`` take a greedy action, with probability ``epsilon`` an action drawn
@@ -27,20 +28,16 @@ def epsilon_greedy_probs(q_values, epsilon: float) -> np.ndarray:
 
         pi(a|s) = (1 - epsilon) * 1[a greedy] / (number of greedy actions) + epsilon / A.
 
-    Tied greedy actions share the greedy mass equally. Example (seed, erratum E6): ``epsilon = 0.1`` and
-    ``Q = [0.2, 0.9, 0.5]`` give ``[0.0333, 0.9333, 0.0333]``, not ``[0.05, 0.9, 0.05]``.
+    Tied greedy actions (within ``atol``, the package's tie rule in :mod:`rlbook.tabular.greedy`) share the greedy
+    mass equally. Example (erratum E6): ``epsilon = 0.1`` and ``Q = [0.2, 0.9, 0.5]`` give
+    ``[0.0333, 0.9333, 0.0333]``, not ``[0.05, 0.9, 0.05]``.
     """
-    q = np.asarray(q_values, dtype=float)
-    if q.ndim == 0 or q.shape[-1] == 0:
-        raise ValueError(f"q_values must have a last axis of at least one action, got shape {q.shape}")
-    if np.any(np.isnan(q)):
-        raise ValueError("q_values contain NaN")
+    is_greedy = greedy_mask(q_values, atol)  # raises on NaN or an empty action axis
     epsilon = float(epsilon)
     if not 0.0 <= epsilon <= 1.0:
         raise ValueError(f"epsilon must lie in [0, 1], got {epsilon}")
-    is_greedy = q == q.max(axis=-1, keepdims=True)
     greedy_share = is_greedy / is_greedy.sum(axis=-1, keepdims=True)
-    return (1.0 - epsilon) * greedy_share + epsilon / q.shape[-1]
+    return (1.0 - epsilon) * greedy_share + epsilon / is_greedy.shape[-1]
 
 
 def _td_step(Q: np.ndarray, s, a, target: float, alpha: float) -> float:
@@ -70,7 +67,8 @@ def q_learning_update(Q: np.ndarray, s, a, r, s_next, alpha, gamma, terminated: 
         Q(s,a) <- Q(s,a) + alpha [ r + gamma max_a' Q(s',a') - Q(s,a) ]        (eq. q-learning-update)
 
     When ``terminated`` is true, ``s'`` ends the episode and the target is just ``r``.
-    Seed example 1: ``Q(s,a)=0.5``, ``r=1``, ``max Q(s',.)=0.8``, ``alpha=0.1``, ``gamma=0.99`` gives ``0.6292``.
+    Worked example 1 of the study note: ``Q(s,a)=0.5``, ``r=1``, ``max Q(s',.)=0.8``, ``alpha=0.1``,
+    ``gamma=0.99`` give ``0.6292``.
     """
     s, a, s_next, alpha, gamma = _check_td_args(Q, s, a, r, s_next, alpha, gamma)
     target = r if terminated else r + gamma * Q[s_next].max()
@@ -209,11 +207,12 @@ def sarsa(
 
 
 def greedy_rollout(env, Q: np.ndarray, max_steps: int = 200, seed: int = 0) -> tuple[list[int], float]:
-    """Follow ``argmax_a Q(s, a)`` from a reset; returns the visited states and the undiscounted return."""
+    """Follow the greedy action of ``Q`` (lowest index among ties, :func:`rlbook.tabular.greedy.greedy_action`)
+    from a reset; returns the visited states and the undiscounted return."""
     s, _ = env.reset(seed=seed)
     states, total = [int(s)], 0.0
     for _ in range(max_steps):
-        s, r, terminated, truncated, _ = env.step(int(np.argmax(Q[s])))
+        s, r, terminated, truncated, _ = env.step(greedy_action(Q[s]))
         states.append(int(s))
         total += r
         if terminated or truncated:
