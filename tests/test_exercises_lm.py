@@ -51,8 +51,13 @@ def test_completion_mask_reference_equals_the_samplers_mask():
 def test_sequence_and_mean_logprob_references_by_hand():
     token_logprobs = torch.tensor([[-1.0, -2.0, 99.0], [-0.5, -0.5, -0.5]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    assert reference_sequence_logprob(token_logprobs, mask).tolist() == [-3.0, -1.5]
-    assert reference_mean_token_logprob(token_logprobs, mask).tolist() == [-1.5, -0.5]
+    assert torch.allclose(reference_sequence_logprob(token_logprobs, mask), torch.tensor([-3.0, -1.5]), atol=1e-6)
+    assert torch.allclose(reference_mean_token_logprob(token_logprobs, mask), torch.tensor([-1.5, -0.5]), atol=1e-6)
+    # Non-finite garbage past the mask is left out, not multiplied by 0 (0 * nan = 0 * inf = nan).
+    garbage = torch.tensor([[-1.0, -2.0, float("nan")], [-0.5, float("-inf"), float("inf")]])
+    ends = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert torch.allclose(reference_sequence_logprob(garbage, ends), torch.tensor([-3.0, -0.5]), atol=1e-6)
+    assert torch.allclose(reference_mean_token_logprob(garbage, ends), torch.tensor([-1.5, -0.5]), atol=1e-6)
 
 
 def test_entropy_reference_limits():
@@ -84,10 +89,11 @@ def test_other_correct_solutions_pass(capsys):
         return scaled.logsumexp(-1) - (scaled.softmax(-1) * scaled).sum(-1)
 
     check_completion_mask_from_ids(mask_by_argmax)
-    check_sequence_logprob(lambda lp, m: (lp * m).sum(-1))
-    check_mean_token_logprob(lambda lp, m: (lp * m).sum(-1) / m.sum(-1))
+    check_sequence_logprob(lambda lp, m: lp.masked_fill(m == 0, 0.0).sum(-1))
+    check_sequence_logprob(lambda lp, m: torch.where(m.bool(), lp, torch.zeros_like(lp)).sum(-1))
+    check_mean_token_logprob(lambda lp, m: lp.masked_fill(m == 0, 0.0).sum(-1) / m.sum(-1))
     check_entropy_at_temperature(entropy_by_formula)
-    assert capsys.readouterr().out == "ok\nok\nok\nok\n"
+    assert capsys.readouterr().out == "ok\nok\nok\nok\nok\n"
 
 
 # ---------------------------------------------------------------- wrong completion masks are caught
@@ -150,29 +156,62 @@ def test_completion_mask_checker_rejects(wrong, message, capsys):
 
 
 # ---------------------------------------------------------------- wrong sequence / mean log-probs are caught
+def masked(lp, m):
+    """The garbage past the mask left out (selected away, not multiplied by 0)."""
+    return lp.where(m.bool(), 0.0)
+
+
+def sequence_logprob_multiplying_by_the_mask(lp, m):
+    """The mistake the chapter warns about: 0 * nan = nan and 0 * inf = nan."""
+    return (lp * m).sum(-1)
+
+
+def mean_token_logprob_multiplying_by_the_mask(lp, m):
+    return (lp * m).sum(-1) / m.sum(-1)
+
+
+def test_the_garbage_past_the_mask_is_often_not_finite():
+    batches = []
+
+    def recording(lp, m):
+        batches.append((lp.clone(), m.clone()))
+        return reference_sequence_logprob(lp, m)
+
+    check_sequence_logprob(recording)
+    past_mask = [lp[m == 0] for lp, m in batches]
+    assert all(lp[m == 1].isfinite().all() for lp, m in batches)  # the completion's own log-probs are finite
+    with_non_finite = sum(bool((~values.isfinite()).any()) for values in past_mask)
+    assert with_non_finite >= len(batches) // 2
+    assert any(values.isnan().any() for values in past_mask) and any(values.isinf().any() for values in past_mask)
+    assert not past_mask[0].isfinite().all()  # already the first trial catches the multiplication
+
+
 @pytest.mark.parametrize(
     "wrong, message",
     [
+        (sequence_logprob_multiplying_by_the_mask, "contains NaN .*multiplying by the mask is not enough"),
         (lambda lp, m: lp.sum(-1), "masked sum"),  # garbage after EOS enters the sum
-        (lambda lp, m: (lp * m).mean(-1), "masked sum"),  # divides by T
-        (lambda lp, m: (lp * m).sum(), "expected shape"),  # one number for the batch
-        (lambda lp, m: (lp * m).sum(0), "expected shape|masked sum"),  # summed over the wrong axis
-        (lambda lp, m: lp.exp().mul(m).sum(-1).log(), "masked sum"),  # log of a sum of probabilities
+        (lambda lp, m: masked(lp, m).mean(-1), "masked sum"),  # divides by T
+        (lambda lp, m: masked(lp, m).sum(), "expected shape"),  # one number for the batch
+        (lambda lp, m: masked(lp, m).sum(0), "expected shape|masked sum"),  # summed over the wrong axis
+        (lambda lp, m: masked(lp, m).exp().mul(m).sum(-1).log(), "masked sum"),  # log of a sum of probabilities
     ],
 )
 def test_sequence_logprob_checker_rejects(wrong, message, capsys):
-    with pytest.raises(AssertionError, match=message):
+    with pytest.raises(AssertionError, match=message) as error:
         check_sequence_logprob(wrong)
+    assert "inputs of trial" in str(error.value)
     assert "ok" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
     "wrong, message",
     [
-        (lambda lp, m: (lp * m).sum(-1) / m.shape[1], "masked mean"),  # divides by the padded length
-        (lambda lp, m: (lp * m).sum(-1), "masked mean"),  # the sum, not the mean
-        (lambda lp, m: (lp * m).sum(-1) / m.sum(), "masked mean"),  # divides by the batch's token count
-        (lambda lp, m: lp.mean(-1), "masked mean"),
+        (mean_token_logprob_multiplying_by_the_mask, "contains NaN"),
+        (lambda lp, m: masked(lp, m).sum(-1) / m.shape[1], "masked mean"),  # divides by the padded length
+        (lambda lp, m: masked(lp, m).sum(-1), "masked mean"),  # the sum, not the mean
+        (lambda lp, m: masked(lp, m).sum(-1) / m.sum(), "masked mean"),  # divides by the batch's token count
+        (lambda lp, m: masked(lp, m).mean(-1), "masked mean"),
     ],
 )
 def test_mean_token_logprob_checker_rejects(wrong, message, capsys):
@@ -241,10 +280,23 @@ def test_entropy_checker_rejects(wrong, message, capsys):
     assert "ok" not in capsys.readouterr().out
 
 
-def test_a_reader_error_propagates():
+@pytest.mark.parametrize(
+    "checker, shown",
+    [
+        (check_completion_mask_from_ids, ["eos_id=", "completion_ids of shape"]),
+        (check_sequence_logprob, ["token_logprobs and completion_mask of shape", "completion_mask ="]),
+        (check_mean_token_logprob, ["token_logprobs and completion_mask of shape", "completion_mask ="]),
+        (check_entropy_at_temperature, ["temperature=", "logits of shape"]),
+    ],
+)
+def test_a_crash_of_the_readers_function_reports_the_inputs(checker, shown):
     def broken(*args):
         raise ValueError("my bug")
 
-    for checker in (check_completion_mask_from_ids, check_sequence_logprob, check_entropy_at_temperature):
-        with pytest.raises(ValueError, match="my bug"):
-            checker(broken)
+    with pytest.raises(AssertionError, match="your function raised ValueError: my bug") as error:
+        checker(broken)
+    assert isinstance(error.value.__cause__, ValueError)  # the reader's own traceback is chained
+    message = str(error.value)
+    assert "inputs of trial 0 (seed " in message
+    for text in shown:
+        assert text in message

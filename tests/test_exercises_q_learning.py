@@ -14,7 +14,7 @@ def test_expected_sarsa_reference_by_hand():
     # pi(.|s') = [0.05, 0.95] for epsilon = 0.1 and 2 actions: E[Q(s',.)] = 0.05 * 0.3 + 0.95 * 0.8 = 0.775
     new = reference_expected_sarsa_update(Q, 0, 0, 1.0, 1, alpha=0.1, gamma=0.99, epsilon=0.1)
     assert new == pytest.approx(0.5 + 0.1 * (1.0 + 0.99 * 0.775 - 0.5))
-    assert Q[0, 0] == new and Q[1].tolist() == [0.3, 0.8] and Q[0, 1] == 0.0
+    np.testing.assert_allclose(Q, [[new, 0.0], [0.3, 0.8]], rtol=1e-12, atol=1e-12)
 
 
 def test_expected_sarsa_with_epsilon_zero_is_q_learning():
@@ -31,13 +31,25 @@ def test_double_q_reference_by_hand():
     Q1 = np.array([[0.0, 0.0], [1.0, 2.0]])
     Q2 = np.array([[0.0, 0.0], [5.0, -1.0]])
     # Q1 selects a* = 1 in s' = 1, Q2 evaluates it: target = 1 + 0.5 * (-1) = 0.5
-    assert reference_double_q_learning_update(Q1, Q2, 0, 1, 1.0, 1, 1.0, 0.5, update_first=True) == 0.5
-    assert Q1[0, 1] == 0.5 and Q2[0].tolist() == [0.0, 0.0]
+    assert reference_double_q_learning_update(Q1, Q2, 0, 1, 1.0, 1, 1.0, 0.5, update_first=True) == pytest.approx(0.5)
+    np.testing.assert_allclose(Q1[0], [0.0, 0.5], atol=1e-12)
+    np.testing.assert_allclose(Q2[0], [0.0, 0.0], atol=1e-12)
     # Q2 selects a* = 0, Q1 evaluates it: target = 1 + 0.5 * 1.0 = 1.5
-    assert reference_double_q_learning_update(Q1, Q2, 0, 0, 1.0, 1, 1.0, 0.5, update_first=False) == 1.5
-    assert Q2[0, 0] == 1.5
+    assert reference_double_q_learning_update(Q1, Q2, 0, 0, 1.0, 1, 1.0, 0.5, update_first=False) == pytest.approx(1.5)
+    assert Q2[0, 0] == pytest.approx(1.5)
     # terminated: no bootstrap
-    assert reference_double_q_learning_update(Q1, Q2, 0, 0, 2.0, 1, 1.0, 0.5, True, terminated=True) == 2.0
+    new = reference_double_q_learning_update(Q1, Q2, 0, 0, 2.0, 1, 1.0, 0.5, True, terminated=True)
+    assert new == pytest.approx(2.0)
+
+
+def test_double_q_reference_follows_the_package_tie_rule():
+    """Values within 1e-10 of the maximum are tied, and ties go to the lowest action (rlbook.tabular.greedy)."""
+    Q2 = np.array([[0.0, 0.0], [10.0, -10.0]])
+    for row in ([3.0, 3.0], [3.0, 3.0 + 1e-12]):  # exactly tied, tied up to rounding: a* = 0 both times
+        Q1 = np.array([[0.0, 0.0], row])
+        assert reference_double_q_learning_update(Q1, Q2, 0, 0, 0.0, 1, 1.0, 1.0, True) == pytest.approx(10.0)
+    Q1 = np.array([[0.0, 0.0], [3.0, 3.0 + 1e-6]])  # a real difference: a* = 1
+    assert reference_double_q_learning_update(Q1, Q2, 0, 0, 0.0, 1, 1.0, 1.0, True) == pytest.approx(-10.0)
 
 
 def test_references_pass_their_checkers(capsys):
@@ -170,9 +182,13 @@ def test_double_q_checker_rejects(wrong, message, capsys):
     assert "ok" not in capsys.readouterr().out
 
 
-def test_a_reader_error_propagates():
+@pytest.mark.parametrize("checker", [check_expected_sarsa_update, check_double_q_learning_update])
+def test_a_crash_of_the_readers_function_reports_the_inputs(checker):
     def broken(*args, **kwargs):
         raise ValueError("my bug")
 
-    with pytest.raises(ValueError, match="my bug"):
-        check_expected_sarsa_update(broken)
+    with pytest.raises(AssertionError, match="your function raised ValueError: my bug") as error:
+        checker(broken)
+    assert isinstance(error.value.__cause__, ValueError)  # the reader's own traceback is chained
+    message = str(error.value)
+    assert "inputs of trial 0 (seed 0)" in message and "s_next=" in message and "before the call" in message

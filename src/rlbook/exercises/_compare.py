@@ -1,6 +1,8 @@
-"""Shared comparison helper for the exercise checkers."""
+"""Shared helpers for the exercise checkers: comparing results, and calling the reader's function."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
@@ -19,3 +21,16 @@ def assert_close(got, expected, what: str, atol: float = 1e-8, rtol: float = 1e-
     raise AssertionError(
         f"{what}: expected {expected_array[worst]}, got {got_array[worst]} at index {tuple(int(i) for i in worst)}"
     )
+
+
+def call_reader(fn: Callable, args: tuple, inputs: str | Callable[[], str], kwargs: dict | None = None):
+    """Call the reader's ``fn(*args, **kwargs)``; if it raises, raise ``AssertionError`` that names the error and
+    shows the trial's ``inputs`` (a string, or a function that builds it), chained to the original traceback."""
+    try:
+        return fn(*args, **(kwargs or {}))
+    except Exception as error:  # noqa: BLE001 - any crash of the reader's code is reported with its inputs
+        shown = inputs() if callable(inputs) else inputs
+        raise AssertionError(
+            f"your function raised {type(error).__name__}: {error}\n"
+            f"(its traceback is printed above this message)\n{shown}"
+        ) from error

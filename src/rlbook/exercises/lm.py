@@ -7,7 +7,8 @@ and prints ``ok`` when everything agrees.
 - :func:`check_completion_mask_from_ids`: ``fn(completion_ids, eos_id) -> (B, T)`` long mask, 1 up to *and
   including* the first EOS, 0 after it, all ones when a row has no EOS (equation ``eq-lm-mask``).
 - :func:`check_sequence_logprob`: ``fn(token_logprobs, completion_mask) -> (B,)``, the masked sum
-  ``log pi(o | q) = sum_t m_t log pi(o_t | q, o_<t)`` (equation ``eq-lm-log-chain``).
+  ``log pi(o | q) = sum_t m_t log pi(o_t | q, o_<t)`` (equation ``eq-lm-log-chain``). Where the mask is 0 the
+  log-probs hold garbage, often NaN or infinite, so multiplying by the mask (``0 * nan = nan``) fails.
 - :func:`check_mean_token_logprob`: ``fn(token_logprobs, completion_mask) -> (B,)``, the masked sum divided by the
   number of completion tokens ``sum_t m_t``.
 - :func:`check_entropy_at_temperature`: ``fn(logits, temperature) -> (...)``, the entropy in nats of
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import assert_close
+from rlbook.exercises._compare import assert_close, call_reader
 
 if TYPE_CHECKING:
     import torch
@@ -93,15 +94,22 @@ def _random_completion_ids(rng: np.random.Generator) -> tuple[torch.Tensor, int]
 def _random_logprob_batch(rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) float32 token log-probs and a (B, T) long completion mask with at least one token per row.
 
-    The entries where the mask is 0 hold garbage (arbitrary finite numbers), as after the first EOS of a batch.
+    The entries where the mask is 0 hold garbage, as after the first EOS of a batch: arbitrary finite numbers, and
+    in about two trials out of three also NaN, -inf or +inf (what a masked-out or overflowing logit produces), so
+    that ``(token_logprobs * mask).sum(-1)`` is NaN there: ``0 * nan = nan`` and ``0 * inf = nan``.
     """
     import torch
 
-    B, T = int(rng.integers(1, 7)), int(rng.integers(1, 10))
+    B, T = int(rng.integers(1, 7)), int(rng.integers(2, 10))
     token_logprobs = -rng.exponential(2.0, size=(B, T))
     lengths = rng.integers(1, T + 1, size=B)
+    lengths[int(rng.integers(B))] = int(rng.integers(1, T))  # at least one row ends before the last column
     mask = (np.arange(T)[None, :] < lengths[:, None]).astype(np.int64)
     garbage = rng.normal(0.0, 20.0, size=(B, T))
+    if rng.random() < 2 / 3:
+        non_finite = rng.choice([np.nan, -np.inf, np.inf], size=(B, T))
+        garbage = np.where(rng.random((B, T)) < 0.5, non_finite, garbage)
+        garbage[np.argmin(mask.sum(-1)), -1] = non_finite[0, 0]  # at least one non-finite entry past the EOS
     token_logprobs = np.where(mask == 1, token_logprobs, garbage)
     return torch.as_tensor(token_logprobs, dtype=torch.float32), torch.as_tensor(mask, dtype=torch.long)
 
@@ -144,7 +152,13 @@ def _compare(got: torch.Tensor, expected: torch.Tensor, what: str, inputs: str, 
 
 
 def _unchanged(before: torch.Tensor, after: torch.Tensor, name: str, inputs: str) -> None:
-    if not before.equal(after):
+    """Raise unless ``after`` holds exactly the values of ``before`` (NaN where ``before`` has NaN)."""
+    if before.is_floating_point():
+        nan = before.isnan()
+        same = nan.equal(after.isnan()) and before.masked_fill(nan, 0.0).equal(after.masked_fill(nan, 0.0))
+    else:
+        same = before.equal(after)
+    if not same:
         raise AssertionError(f"your function changed {name} in place; work on a copy (x / t, not x.div_(t))\n{inputs}")
 
 
@@ -157,8 +171,9 @@ def check_completion_mask_from_ids(fn: Callable, num_trials: int = NUM_TRIALS, s
     for trial in range(num_trials):
         ids, eos_id = _random_completion_ids(rng)
         original = ids.clone()
-        inputs = f"  inputs of trial {trial}: eos_id={eos_id}\n  completion_ids =\n{ids}"
-        got = _as_tensor(fn(ids, eos_id), "a (B, T) torch.long tensor", inputs)
+        inputs = (f"  inputs of trial {trial} (seed {seed}): eos_id={eos_id}, completion_ids of shape "
+                  f"{tuple(ids.shape)} =\n{ids}")
+        got = _as_tensor(call_reader(fn, (ids, eos_id), inputs), "a (B, T) torch.long tensor", inputs)
         _unchanged(original, ids, "completion_ids", inputs)
         expected = reference_completion_mask_from_ids(original, eos_id)
         if tuple(got.shape) != tuple(expected.shape):
@@ -182,11 +197,15 @@ def _check_masked_reduction(fn: Callable, reference: Callable, what: str, num_tr
     for trial in range(num_trials):
         token_logprobs, mask = _random_logprob_batch(rng)
         originals = token_logprobs.clone(), mask.clone()
-        inputs = f"  inputs of trial {trial}:\n  token_logprobs =\n{token_logprobs}\n  completion_mask =\n{mask}"
-        got = _as_tensor(fn(token_logprobs, mask), "a (B,) torch tensor", inputs)
+        inputs = (f"  inputs of trial {trial} (seed {seed}): token_logprobs and completion_mask of shape "
+                  f"{tuple(mask.shape)}\n  token_logprobs =\n{token_logprobs}\n  completion_mask =\n{mask}")
+        got = _as_tensor(call_reader(fn, (token_logprobs, mask), inputs), "a (B,) torch tensor", inputs)
         _unchanged(originals[0], token_logprobs, "token_logprobs", inputs)
         _unchanged(originals[1], mask, "completion_mask", inputs)
-        _compare(got, reference(*originals), what, inputs, atol=1e-4, rtol=1e-5)
+        _compare(got, reference(*originals), what, inputs, atol=1e-4, rtol=1e-5,
+                 nan_hint=" (the log-probs past the mask hold NaN or inf: leave them out with "
+                          "token_logprobs.where(mask.bool(), 0.0); multiplying by the mask is not enough, "
+                          "0 * nan = 0 * inf = nan)")
     print("ok")
 
 
@@ -215,9 +234,10 @@ def check_entropy_at_temperature(fn: Callable, num_trials: int = NUM_TRIALS, see
     for trial in range(num_trials):
         logits, temperature = _random_logits(rng)
         original = logits.clone()
-        inputs = (f"  inputs of trial {trial}: temperature={temperature}, logits of shape {tuple(logits.shape)} =\n"
-                  f"{logits}")
-        got = _as_tensor(fn(logits, temperature), "a torch tensor of shape logits.shape[:-1]", inputs)
+        inputs = (f"  inputs of trial {trial} (seed {seed + 2}): temperature={temperature}, logits of shape "
+                  f"{tuple(logits.shape)} =\n{logits}")
+        got = _as_tensor(call_reader(fn, (logits, temperature), inputs), "a torch tensor of shape logits.shape[:-1]",
+                         inputs)
         _unchanged(original, logits, "logits", inputs)
         _compare(got, reference_entropy_at_temperature(original.double(), temperature),
                  f"entropy at temperature {temperature}", inputs, atol=2e-4, rtol=1e-4,

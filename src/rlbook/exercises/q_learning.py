@@ -12,8 +12,9 @@ from typing import Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import assert_close
+from rlbook.exercises._compare import assert_close, call_reader
 from rlbook.tabular import epsilon_greedy_probs
+from rlbook.tabular.greedy import greedy_action
 
 NUM_TRIALS = 300
 
@@ -42,11 +43,13 @@ def reference_double_q_learning_update(
 
     If ``update_first``:  ``a* = argmax_a' Q1(s', a')`` and ``Q1(s,a) <- Q1(s,a) + alpha [r + gamma Q2(s', a*) - Q1(s,a)]``;
     otherwise the same with the roles of ``Q1`` and ``Q2`` swapped. One table selects the action, the other
-    evaluates it. Ties in the argmax go to the lowest action index (``np.argmax``). When ``terminated`` is true
+    evaluates it. Ties in the argmax go to the lowest action index (the package's tie rule,
+    :func:`rlbook.tabular.greedy.greedy_action`; ``np.argmax`` agrees unless another value lies within 1e-10
+    below the maximum, which the checker never generates). When ``terminated`` is true
     the target is just ``r``. ``Q1`` and ``Q2`` have shape ``(S, A)``.
     """
     select, evaluate = (Q1, Q2) if update_first else (Q2, Q1)
-    a_star = int(np.argmax(select[s_next]))
+    a_star = greedy_action(select[s_next])
     target = r if terminated else r + gamma * evaluate[s_next, a_star]
     select[s, a] += alpha * (target - select[s, a])
     return float(select[s, a])
@@ -75,11 +78,11 @@ def _random_case(rng: np.random.Generator) -> dict:
     )
 
 
-def _describe(trial: int, case: dict, names: tuple[str, ...], tables: tuple[str, ...]) -> str:
+def _describe(trial: int, seed: int, case: dict, names: tuple[str, ...], tables: tuple[str, ...]) -> str:
     """The inputs of a failing trial, so that the reader can reproduce it."""
     args = ", ".join(f"{name}={case[name]!r}" for name in names)
     shown = "".join(f"\n  {name} before the call =\n{np.array2string(case[name], precision=4)}" for name in tables)
-    return f"  inputs of trial {trial}: {args}{shown}"
+    return f"  inputs of trial {trial} (seed {seed}): {args}{shown}"
 
 
 def _compare(got, expected, what: str, inputs: str) -> None:
@@ -111,10 +114,10 @@ def check_expected_sarsa_update(fn: Callable, num_trials: int = NUM_TRIALS, seed
     for trial in range(num_trials):
         case = _random_case(rng)
         case["Q"] = case["Q1"]
-        inputs = _describe(trial, case, names, ("Q",))
+        inputs = _describe(trial, seed, case, names, ("Q",))
         Q_yours, Q_reference = case["Q"].copy(), case["Q"].copy()
         args = [case[name] for name in names[:-1]]
-        got = fn(Q_yours, *args, terminated=case["terminated"])
+        got = call_reader(fn, (Q_yours, *args), inputs, dict(terminated=case["terminated"]))
         expected = reference_expected_sarsa_update(Q_reference, *args, terminated=case["terminated"])
         _check_returned(got, Q_yours, case["s"], case["a"], expected, inputs)
         _compare(Q_yours, Q_reference, "table Q after the in-place update", inputs)
@@ -128,11 +131,11 @@ def check_double_q_learning_update(fn: Callable, num_trials: int = NUM_TRIALS, s
     for trial in range(num_trials):
         case = _random_case(rng)
         case["update_first"] = trial % 2 == 0
-        inputs = _describe(trial, case, names, ("Q1", "Q2"))
+        inputs = _describe(trial, seed, case, names, ("Q1", "Q2"))
         yours = case["Q1"].copy(), case["Q2"].copy()
         reference = case["Q1"].copy(), case["Q2"].copy()
         args = [case[name] for name in names[:-1]]
-        got = fn(*yours, *args, terminated=case["terminated"])
+        got = call_reader(fn, (*yours, *args), inputs, dict(terminated=case["terminated"]))
         expected = reference_double_q_learning_update(*reference, *args, terminated=case["terminated"])
         updated = 0 if case["update_first"] else 1
         _check_returned(got, yours[updated], case["s"], case["a"], expected, inputs, name=f"Q{updated + 1}")
