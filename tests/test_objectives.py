@@ -290,3 +290,47 @@ def test_value_loss_formula_with_and_without_clipping():
         value_loss(values, old_values, returns, mask, 0.0)
     with pytest.raises(ValueError, match="all zero"):
         value_loss(values, old_values, returns, torch.zeros(2, 3))
+
+
+# --- group advantages -----------------------------------------------------------------------------------------
+
+
+def test_group_advantages_match_the_study_notes_example_and_the_scalings():
+    from rlbook.objectives import group_advantages
+
+    rewards = torch.tensor([0.2, 0.8, 0.4, 0.6, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
+    adv = group_advantages(rewards, 4)
+    first = torch.tensor([0.2, 0.8, 0.4, 0.6], dtype=torch.float64)
+    torch.testing.assert_close(adv[:4], (first - 0.5) / (first.std() + 1e-4))
+    assert torch.all(adv[4:] == 0), "a group of equal rewards has no signal, and no NaN"
+    torch.testing.assert_close(group_advantages(rewards, 4, "none")[:4], first - 0.5)
+    torch.testing.assert_close(group_advantages(rewards, 4, "batch")[:4], (first - 0.5) / (rewards.std() + 1e-4))
+    assert torch.allclose(adv.view(2, 4).sum(-1), torch.zeros(2, dtype=torch.float64), atol=1e-12)
+
+
+def test_leave_one_out_baseline_excludes_the_completion_itself():
+    from rlbook.objectives import leave_one_out_advantages
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 5.0])
+    expected = torch.tensor([1 - 1 / 3, 0 - 2 / 3, 0 - 2 / 3, 1 - 1 / 3, 3 - 5.0, 5 - 3.0])
+    torch.testing.assert_close(leave_one_out_advantages(rewards[:4], 4), expected[:4])
+    torch.testing.assert_close(leave_one_out_advantages(rewards[4:], 2), expected[4:])
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda f, g: f(torch.zeros(6), 4), "do not split into groups"),
+        (lambda f, g: f(torch.zeros(4), 1), "needs num_generations >= 2"),
+        (lambda f, g: f(torch.tensor([0.0, float("nan")]), 2), "rewards must be finite"),
+        (lambda f, g: f(torch.zeros(2, 2), 2), r"shape \(N\*G,\)"),
+        (lambda f, g: f(torch.zeros(4), 2, "z"), "unknown scale_rewards"),
+        (lambda f, g: g(torch.zeros(3), 1), "leave-one-out baseline needs"),
+        (lambda f, g: f(torch.zeros(0), 2), "do not split"),
+    ],
+)
+def test_group_advantages_bad_input(call, match):
+    from rlbook.objectives import group_advantages, leave_one_out_advantages
+
+    with pytest.raises(ValueError, match=match):
+        call(group_advantages, leave_one_out_advantages)

@@ -118,6 +118,58 @@ def gae(
     return advantages, torch.where(mask, advantages + values, zero)
 
 
+def group_advantages(
+    rewards: torch.Tensor,
+    num_generations: int,
+    scale_rewards: str = "group",
+    eps: float = 1e-4,
+) -> torch.Tensor:
+    """Advantages from a group baseline: rewards (N·G,) in contiguous groups of ``num_generations`` → (N·G,).
+
+    - ``"group"`` (GRPO): (r − group mean) / (group std + eps), std unbiased (n − 1), eps = 1e-4 as in TRL;
+    - ``"batch"``: group mean, but the std of the whole batch;
+    - ``"none"`` (Dr. GRPO, and REINFORCE with a group-mean baseline): r − group mean.
+
+    A group whose rewards are all equal gets advantage 0 (never NaN): it carries no signal about which
+    completion is better.
+    """
+    G = _check_groups(rewards, num_generations)
+    if scale_rewards not in ("group", "batch", "none"):
+        raise ValueError(f"unknown scale_rewards {scale_rewards!r}; choose 'group', 'batch' or 'none'")
+    if scale_rewards != "none" and G < 2:
+        raise ValueError(f"scale_rewards={scale_rewards!r} needs num_generations >= 2 for a standard deviation, got {G}")
+    groups = rewards.view(-1, G)
+    centred = (groups - groups.mean(-1, keepdim=True)).flatten()
+    if scale_rewards == "none":
+        return centred
+    std = groups.std(-1, keepdim=True).expand_as(groups).flatten() if scale_rewards == "group" else rewards.std()
+    return centred / (std + eps)
+
+
+def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """RLOO: each completion's baseline is the mean reward of the *other* G − 1 completions of its prompt,
+    r_i − (Σ_{j≠i} r_j)/(G − 1) = G/(G − 1) · (r_i − group mean); rewards (N·G,) → (N·G,).
+
+    Unlike the plain group mean, the baseline does not depend on r_i itself, so the gradient estimate stays
+    unbiased.
+    """
+    G = _check_groups(rewards, num_generations)
+    if G < 2:
+        raise ValueError(f"a leave-one-out baseline needs num_generations >= 2, got {G}")
+    return group_advantages(rewards, G, scale_rewards="none") * (G / (G - 1))
+
+
+def _check_groups(rewards: torch.Tensor, num_generations: int) -> int:
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be one per completion, shape (N*G,), got {tuple(rewards.shape)}")
+    if num_generations < 1 or rewards.numel() == 0 or rewards.numel() % num_generations:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of num_generations={num_generations}")
+    if not bool(torch.isfinite(rewards).all()):
+        bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
+        raise ValueError(f"rewards must be finite; completions {bad[:5]} have {rewards[bad[0]].item()}")
+    return num_generations
+
+
 # --- the policy loss -------------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,56 @@
+"""Value models: a causal LM's transformer body with a scalar head, one value per token.
+
+PPO's critic estimates V(q, o_<t), the expected final reward from the state "prompt plus the first t tokens". On a
+language model that is a token-classification model with one label: the same transformer as the policy, and a
+linear head ``score`` that maps each position's hidden state to a number (verl builds its critic the same way,
+with ``AutoModelForTokenClassification(num_labels=1)``).
+
+Initialisation (choose with ``init``):
+
+- ``"policy"`` (our default): copy the policy's transformer body, so the critic starts from features that already
+  read the task, and set the head to zero, so every first value is 0 and the first advantages are the plain
+  rewards. verl's examples do this when the critic path is the actor's checkpoint.
+- ``"random"``: a fresh model of the same shape (seeded), for comparison.
+
+InstructGPT and TRL initialise the value model from the *reward model* instead; the RLHF chapter does that.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForTokenClassification, PreTrainedModel
+
+from rlbook.lm.device import resolve_device
+
+
+def build_value_model(policy: PreTrainedModel, init: str = "policy", seed: int = 0) -> PreTrainedModel:
+    """A value model shaped like ``policy`` (``…ForTokenClassification``, one label, no dropout), on its device."""
+    if init not in ("policy", "random"):
+        raise ValueError(f"unknown value-model init {init!r}; choose 'policy' or 'random'")
+    config = policy.config.__class__.from_dict(policy.config.to_dict())
+    config.num_labels = 1
+    config.classifier_dropout = 0.0  # transformers' default is 0.1; PPO implementations turn dropout off
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        value_model = AutoModelForTokenClassification.from_config(config)
+    if init == "policy":
+        value_model.base_model.load_state_dict(policy.base_model.state_dict())
+        torch.nn.init.zeros_(value_model.score.weight)
+        if value_model.score.bias is not None:
+            torch.nn.init.zeros_(value_model.score.bias)
+    return value_model.to(resolve_device(None, policy)).eval()
+
+
+def token_values(
+    value_model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_mask: torch.Tensor
+) -> torch.Tensor:
+    """V at each completion token, (B, T) float32, 0 where ``completion_mask`` is 0.
+
+    The value of token t is read at the position *before* it, the state from which o_t is chosen: the same
+    columns as :func:`rlbook.rollout.sequence_logprobs` reads its logits from (``L − T − 1 .. L − 2``).
+    """
+    (B, L), T = input_ids.shape, completion_mask.shape[1]
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    scores = value_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    values = scores[:, L - T - 1 : L - 1, 0].float()
+    return values * completion_mask.to(values.dtype)

@@ -1,0 +1,407 @@
+"""The one training loop of the book: every policy-gradient algorithm for language models is a configuration of it.
+
+    sample prompts -> generate G completions each -> score them -> advantages
+        -> num_iterations passes of minibatch updates (gradient accumulation, gradient clipping) -> metrics
+
+What changes between algorithms is small and lives elsewhere: the advantage (``advantage_estimator``: a
+group baseline, leave-one-out, or GAE with a value model) and the loss's aggregation and clipping
+(:func:`rlbook.objectives.policy_loss`). :func:`preset` names the combinations the chapters use.
+
+Batch layout, with TRL's names: each step samples ``generation_batch_size = per_device_train_batch_size *
+steps_per_generation`` completions (``/ num_generations`` prompts). A pass over them is ``steps_per_generation``
+micro-batches of ``per_device_train_batch_size`` rows; the optimizer steps after every
+``gradient_accumulation_steps`` micro-batches. ``steps_per_generation`` defaults to
+``gradient_accumulation_steps`` (one optimizer step per pass, as in TRL); more gives PPO's several minibatch
+updates per epoch. ``num_iterations`` passes reuse each rollout (PPO's epochs; TRL's mu).
+
+Randomness comes from ``(seed, step)`` alone (prompts, sampling, minibatch order), so a run that is saved and
+resumed continues exactly as one that was not, on the same machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from rlbook.lm import autocast
+from rlbook.lm.value import build_value_model, token_values
+from rlbook.objectives import (
+    gae,
+    group_advantages,
+    kl_estimate,
+    leave_one_out_advantages,
+    masked_mean,
+    masked_whiten,
+    policy_loss,
+    value_loss,
+)
+from rlbook.rollout import RolloutBatch, generate_rollouts, sequence_logprobs
+from rlbook.sft import sampled_accuracy
+from rlbook.tasks import Task
+
+ADVANTAGE_ESTIMATORS = ("reinforce", "group_mean", "rloo", "grpo", "gae")
+
+
+@dataclass
+class RLConfig:
+    """Every knob of :class:`Trainer`; names are TRL's where the concept is the same."""
+
+    # sampling
+    num_generations: int = 8  # G completions per prompt
+    max_completion_length: int = 16
+    temperature: float = 1.0
+    # batch layout (see the module docstring)
+    per_device_train_batch_size: int = 64
+    gradient_accumulation_steps: int = 1
+    steps_per_generation: int | None = None  # None: gradient_accumulation_steps
+    num_iterations: int = 1
+    # optimisation
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    # advantages and loss
+    advantage_estimator: str = "grpo"
+    scale_rewards: str = "group"  # for "grpo": "group", "batch" or "none"
+    loss_type: str = "bnpo"
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    beta: float = 0.0  # KL to the reference: in the loss (k3), or in the reward (k1) for "gae"
+    # PPO (advantage_estimator="gae")
+    gamma: float = 1.0
+    lam: float = 0.95
+    vf_coef: float = 0.1
+    cliprange_value: float | None = 0.2
+    whiten_advantages: bool = True
+    value_init: str = "policy"
+    # the run
+    max_steps: int = 100
+    seed: int = 0
+    eval_every: int = 0  # 0: never; else held-out sampled accuracy every eval_every steps
+    eval_size: int = 128
+
+    def __post_init__(self):
+        if self.steps_per_generation is None:
+            self.steps_per_generation = self.gradient_accumulation_steps
+        for name in ("num_generations", "max_completion_length", "per_device_train_batch_size",
+                     "gradient_accumulation_steps", "steps_per_generation", "num_iterations", "max_steps",
+                     "eval_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"unknown advantage_estimator {self.advantage_estimator!r}; "
+                             f"choose one of {ADVANTAGE_ESTIMATORS}")
+        if self.generation_batch_size % self.num_generations:
+            raise ValueError(f"the generation batch (per_device_train_batch_size * steps_per_generation = "
+                             f"{self.generation_batch_size}) must be a multiple of num_generations "
+                             f"({self.num_generations})")
+        if self.steps_per_generation % self.gradient_accumulation_steps:
+            raise ValueError(f"steps_per_generation ({self.steps_per_generation}) must be a multiple of "
+                             f"gradient_accumulation_steps ({self.gradient_accumulation_steps})")
+        if self.advantage_estimator in ("rloo", "grpo") and self.num_generations < 2:
+            raise ValueError(f"advantage_estimator={self.advantage_estimator!r} needs num_generations >= 2")
+        if not self.learning_rate > 0 or not self.temperature > 0:
+            raise ValueError(f"learning_rate and temperature must be positive, got {self.learning_rate} and "
+                             f"{self.temperature}")
+        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
+            raise ValueError(f"gamma and lam must lie in [0, 1], got {self.gamma} and {self.lam}")
+        if not self.epsilon > 0 or (self.epsilon_high is not None and not self.epsilon_high > 0):
+            raise ValueError(f"epsilon and epsilon_high must be positive, got {self.epsilon} and {self.epsilon_high}")
+        if self.beta < 0:
+            raise ValueError(f"beta must be >= 0, got {self.beta}")
+
+    @property
+    def generation_batch_size(self) -> int:
+        """Completions sampled per step."""
+        return self.per_device_train_batch_size * self.steps_per_generation
+
+    @property
+    def num_prompts(self) -> int:
+        """Prompts per step."""
+        return self.generation_batch_size // self.num_generations
+
+
+PRESETS: dict[str, dict] = {
+    # REINFORCE: the policy gradient itself. One on-policy update per rollout (the ratio is 1 and the clip never
+    # acts), summed over tokens (dr_grpo's constant denominator keeps the sum's direction), no baseline.
+    "reinforce": dict(advantage_estimator="reinforce", loss_type="dr_grpo", num_iterations=1),
+    "reinforce_baseline": dict(advantage_estimator="group_mean", loss_type="dr_grpo", num_iterations=1),
+    "rloo": dict(advantage_estimator="rloo", loss_type="dr_grpo", num_iterations=1),
+    # PPO-Clip with GAE and a value model; TRL's PPO defaults: 4 epochs, gamma 1, lambda 0.95, vf_coef 0.1,
+    # value clip 0.2, whitened advantages, token-mean loss.
+    "ppo": dict(advantage_estimator="gae", loss_type="bnpo", num_iterations=4, gamma=1.0, lam=0.95, vf_coef=0.1,
+                cliprange_value=0.2, whiten_advantages=True),
+}
+
+
+def preset(name: str, **overrides) -> RLConfig:
+    """An :class:`RLConfig` with the named algorithm's settings (see :data:`PRESETS`), then ``overrides``."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return RLConfig(**{**PRESETS[name], **overrides})
+
+
+class Trainer:
+    """Trains ``policy`` on ``task``'s rule-based reward (or ``reward_fn``) with the algorithm in ``config``.
+
+    ``reward_fn(examples, completions, truncated) -> (B,) array`` replaces the task's reward (e.g. a reward model).
+    A frozen copy of the initial policy is the reference when ``beta > 0``; a value model is built when the
+    advantage estimator is ``"gae"`` (or pass one). Metrics of every step are kept in ``history`` and, with
+    ``log_file``, written as JSON lines.
+    """
+
+    def __init__(self, policy, tokenizer, task: Task, config: RLConfig, *, value_model=None, reward_fn=None,
+                 log_file: str | Path | None = None):
+        self.policy, self.tokenizer, self.task, self.config = policy, tokenizer, task, config
+        self.device = next(policy.parameters()).device
+        self.reward_fn = reward_fn or task.rewards
+        self.reference = _frozen_copy(policy) if config.beta > 0 else None
+        if config.advantage_estimator == "gae" and value_model is None:
+            value_model = build_value_model(policy, init=config.value_init, seed=config.seed)
+        self.value_model = value_model if config.advantage_estimator == "gae" else None
+        params = list(policy.parameters()) + (list(self.value_model.parameters()) if self.value_model else [])
+        self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+        self.step = 0
+        self.history: list[dict] = []
+        self.log_file = Path(log_file) if log_file else None
+        self._held_out = task.sample(config.eval_size, seed=np.random.default_rng([config.seed, 10**6]), split="test")
+
+    # --- one step -------------------------------------------------------------------------------------------
+
+    def train(self, steps: int | None = None, progress: bool = True) -> list[dict]:
+        """Run ``steps`` more steps (default: up to ``config.max_steps``); returns the whole ``history``."""
+        steps = self.config.max_steps - self.step if steps is None else steps
+        bar = tqdm(range(steps), desc="RL", disable=not progress, mininterval=1.0)
+        for _ in bar:
+            metrics = self.train_step()
+            bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics.get('kl_ref', 0.0):.4f}",
+                            gen=f"{metrics['time_generate']:.2f}s", upd=f"{metrics['time_update']:.2f}s")
+        return self.history
+
+    def train_step(self) -> dict:
+        """Sample, score, compute advantages, update; returns this step's metrics."""
+        config, step = self.config, self.step
+        timer = time.perf_counter()
+        examples = self.task.sample(config.num_prompts, seed=np.random.default_rng([config.seed, step]),
+                                    split="train")
+        with autocast(self.device):
+            batch = generate_rollouts(self.policy, self.tokenizer, [e.prompt for e in examples],
+                                      num_generations=config.num_generations,
+                                      max_new_tokens=config.max_completion_length,
+                                      temperature=config.temperature, seed=_seed(config.seed, step),
+                                      device=self.device)
+        time_generate = time.perf_counter() - timer
+
+        timer = time.perf_counter()
+        repeated = [e for e in examples for _ in range(config.num_generations)]
+        rewards = np.asarray(self.reward_fn(repeated, batch.decode_completions(self.tokenizer),
+                                            batch.truncated.tolist()), dtype=np.float64)
+        if rewards.shape != (len(batch),) or not np.isfinite(rewards).all():
+            raise ValueError(f"the reward function must return {len(batch)} finite rewards, got shape "
+                             f"{rewards.shape} with {int((~np.isfinite(rewards)).sum())} non-finite")
+        rollout = self._score(batch, torch.as_tensor(rewards, dtype=torch.float32, device=self.device))
+        time_score = time.perf_counter() - timer
+
+        timer = time.perf_counter()
+        update_metrics = self._update(rollout)
+        time_update = time.perf_counter() - timer
+
+        metrics = {
+            "step": step + 1,
+            "reward": float(rewards.mean()),
+            "reward_std": float(rewards.std()),
+            "accuracy": float(np.mean(rewards == self.task.correct_reward)),
+            "completion_length": float(batch.lengths.float().mean()),
+            "truncated_frac": float(batch.truncated.float().mean()),
+            "frac_reward_zero_std": float(np.mean(rewards.reshape(-1, config.num_generations).std(-1) == 0)),
+            **rollout["metrics"],
+            **update_metrics,
+            "time_generate": time_generate,
+            "time_score": time_score,
+            "time_update": time_update,
+        }
+        self.step += 1
+        if config.eval_every and (self.step % config.eval_every == 0 or self.step == config.max_steps):
+            metrics["eval_accuracy"] = self.evaluate()
+        self.history.append(metrics)
+        if self.log_file:
+            with self.log_file.open("a") as f:
+                f.write(json.dumps(metrics) + "\n")
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self, examples=None) -> float:
+        """Sampled accuracy (one completion each, at the training temperature) on held-out test problems."""
+        examples = self._held_out if examples is None else examples
+        accuracy = sampled_accuracy(self.policy, self.tokenizer, self.task, examples,
+                                    self.config.max_completion_length, seed=_seed(self.config.seed, -1))
+        return accuracy
+
+    # --- scoring: advantages and the old policy's numbers ---------------------------------------------------
+
+    @torch.no_grad()
+    def _score(self, batch: RolloutBatch, rewards: torch.Tensor) -> dict:
+        config = self.config
+        mask = batch.completion_mask.float()
+        input_ids, attention_mask = batch.input_ids, batch.attention_mask
+        out = {"input_ids": input_ids, "attention_mask": attention_mask, "mask": mask, "metrics": {}}
+        with autocast(self.device):
+            # The sampler's log-probs are the behaviour policy's; with several passes we recompute them with the
+            # training forward pass, so that the first ratio is exactly 1 (as TRL does).
+            if config.num_iterations > 1 or config.steps_per_generation > config.gradient_accumulation_steps:
+                out["old_logp"] = sequence_logprobs(self.policy, input_ids, attention_mask, mask,
+                                                    temperature=config.temperature)
+            else:
+                out["old_logp"] = batch.logprobs
+            if self.reference is not None:
+                out["ref_logp"] = sequence_logprobs(self.reference, input_ids, attention_mask, mask,
+                                                    temperature=config.temperature)
+            if self.value_model is not None:
+                out["old_values"] = token_values(self.value_model, input_ids, attention_mask, mask)
+
+        G = config.num_generations
+        if config.advantage_estimator == "gae":
+            # The task's reward arrives at the last real token; with beta > 0 a KL penalty at every token
+            # (k1, as InstructGPT and TRL's PPO put it in the reward rather than the loss).
+            token_rewards = torch.zeros_like(mask)
+            token_rewards[torch.arange(len(batch)), batch.lengths - 1] = rewards
+            if self.reference is not None:
+                kl = kl_estimate(out["old_logp"], out["ref_logp"], "k1") * mask
+                token_rewards = token_rewards - config.beta * kl
+                out["metrics"]["kl_ref"] = masked_mean(kl, mask).item()
+            advantages, returns = gae(token_rewards, out["old_values"], mask, config.gamma, config.lam)
+            out["returns"] = returns
+            out["metrics"].update(_explained_variance(out["old_values"], returns, mask))
+            if config.whiten_advantages:
+                advantages = masked_whiten(advantages, mask)
+        elif config.advantage_estimator == "reinforce":
+            advantages = rewards
+        elif config.advantage_estimator == "group_mean":
+            advantages = group_advantages(rewards, G, scale_rewards="none")
+        elif config.advantage_estimator == "rloo":
+            advantages = leave_one_out_advantages(rewards, G)
+        else:
+            advantages = group_advantages(rewards, G, scale_rewards=config.scale_rewards)
+        out["advantages"] = advantages
+        return out
+
+    # --- the update -----------------------------------------------------------------------------------------
+
+    def _update(self, rollout: dict) -> dict:
+        config = self.config
+        B = rollout["mask"].shape[0]
+        micro = config.per_device_train_batch_size
+        accumulate = config.gradient_accumulation_steps
+        generator = torch.Generator().manual_seed(_seed(config.seed, self.step))
+        sums: dict[str, list[float]] = {}
+        self.policy.train()
+        if self.value_model is not None:
+            self.value_model.train()
+        for _ in range(config.num_iterations):
+            order = torch.randperm(B, generator=generator).to(self.device)
+            for start in range(0, B, micro * accumulate):
+                rows_of_step = order[start : start + micro * accumulate]
+                tokens_of_step = rollout["mask"][rows_of_step].sum()  # dapo's num_items_in_batch
+                self.optimizer.zero_grad(set_to_none=True)
+                for micro_start in range(0, len(rows_of_step), micro):
+                    rows = rows_of_step[micro_start : micro_start + micro]
+                    metrics = self._micro_batch_backward(rollout, rows, tokens_of_step, accumulate)
+                    for key, value in metrics.items():
+                        sums.setdefault(key, []).append(value)
+                params = [p for group in self.optimizer.param_groups for p in group["params"]]
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                sums.setdefault("grad_norm", []).append(grad_norm.item())
+                self.optimizer.step()
+        self.policy.eval()
+        if self.value_model is not None:
+            self.value_model.eval()
+        reduced = {key: float(np.mean(values)) for key, values in sums.items()}
+        for key in ("ratio_min", "ratio_max"):  # extremes over the whole update, not means of extremes
+            if key in sums:
+                reduced[key] = float((np.min if key == "ratio_min" else np.max)(sums[key]))
+        return reduced
+
+    def _micro_batch_backward(self, rollout, rows, tokens_of_step, accumulate) -> dict:
+        config = self.config
+        mask = rollout["mask"][rows]
+        input_ids, attention_mask = rollout["input_ids"][rows], rollout["attention_mask"][rows]
+        with autocast(self.device):
+            logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask, temperature=config.temperature)
+            kl_in_loss = config.beta if config.advantage_estimator != "gae" else 0.0
+            loss, metrics = policy_loss(
+                logp, rollout["old_logp"][rows], rollout["advantages"][rows], mask,
+                epsilon=config.epsilon, epsilon_high=config.epsilon_high, loss_type=config.loss_type,
+                max_completion_length=config.max_completion_length, num_items_in_batch=tokens_of_step,
+                beta=kl_in_loss, ref_logp=rollout["ref_logp"][rows] if kl_in_loss else None,
+            )
+            if config.loss_type != "dapo":  # dapo's denominator already counts the accumulated batch
+                loss = loss / accumulate
+            metrics["policy_loss"] = loss.item()
+            if self.value_model is not None:
+                values = token_values(self.value_model, input_ids, attention_mask, mask)
+                v_loss = value_loss(values, rollout["old_values"][rows], rollout["returns"][rows], mask,
+                                    config.cliprange_value)
+                loss = loss + config.vf_coef * v_loss / accumulate
+                metrics["value_loss"] = v_loss.item()
+        loss.backward()
+        return metrics
+
+    # --- saving and resuming --------------------------------------------------------------------------------
+
+    def save_checkpoint(self, path: str | Path) -> Path:
+        """Everything needed to continue: weights, optimizer state, step, history and config."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {
+            "policy": self.policy.state_dict(),
+            "value_model": self.value_model.state_dict() if self.value_model is not None else None,
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "history": self.history,
+            "config": dataclasses.asdict(self.config),
+        }
+        torch.save(state, path / "trainer_state.pt")
+        return path
+
+    def resume(self, path: str | Path) -> Trainer:
+        """Load a :meth:`save_checkpoint` folder into this trainer (built with the same config) and continue."""
+        state = torch.load(Path(path) / "trainer_state.pt", map_location=self.device, weights_only=False)
+        if state["config"] != dataclasses.asdict(self.config):
+            changed = sorted(k for k in state["config"] if state["config"][k] != dataclasses.asdict(self.config)[k])
+            raise ValueError(f"the checkpoint was made with another config (differs in {changed})")
+        self.policy.load_state_dict(state["policy"])
+        if self.value_model is not None:
+            self.value_model.load_state_dict(state["value_model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.history = state["step"], state["history"]
+        return self
+
+
+def _seed(seed: int, step: int) -> int:
+    """A distinct, reproducible seed for each (run seed, step)."""
+    return int(np.random.default_rng([seed, step + 1]).integers(2**62))
+
+
+def _frozen_copy(model):
+    reference = copy.deepcopy(model).eval()
+    for parameter in reference.parameters():
+        parameter.requires_grad_(False)
+    return reference
+
+
+def _explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict:
+    """``{"explained_variance": 1 − Var(R − V) / Var(R)}`` over the masked tokens: 1 is a perfect critic, 0 no
+    better than a constant. Empty when every return is the same (the ratio is undefined then)."""
+    variance = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    if not variance > 0:
+        return {}
+    residual = returns - values
+    residual_variance = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
+    return {"explained_variance": float(1 - residual_variance / variance)}

@@ -1,0 +1,180 @@
+"""Tests for rlbook.trainer (the one loop) and rlbook.lm.value (the value model)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlbook.lm import build_model, build_tokenizer
+from rlbook.lm.value import build_value_model, token_values
+from rlbook.rollout import generate_rollouts
+from rlbook.tasks import get_task
+from rlbook.trainer import PRESETS, RLConfig, Trainer, preset
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SMALL = dict(num_generations=4, per_device_train_batch_size=8, max_completion_length=4, max_steps=4,
+             learning_rate=1e-3, eval_size=8)
+
+
+def length_reward(examples, completions, truncated):
+    """A reward that varies within every group even for an untrained model: the completion's length."""
+    return np.array([float(len(c)) for c in completions])
+
+
+def make_trainer(name="reinforce_baseline", **overrides):
+    task = get_task("arithmetic", num_digits=1)
+    config = preset(name, **{**SMALL, **overrides})
+    return Trainer(build_model("tiny", seed=0), build_tokenizer(), task, config, reward_fn=length_reward)
+
+
+def weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_runs_and_reports_finite_metrics(name):
+    trainer = make_trainer(name, max_steps=2, eval_every=2)
+    history = trainer.train(progress=False)
+    assert [m["step"] for m in history] == [1, 2]
+    last = history[-1]
+    for key in ("reward", "accuracy", "completion_length", "clip_frac", "approx_kl", "policy_loss", "grad_norm",
+                "time_generate", "time_score", "time_update", "eval_accuracy"):
+        assert key in last and math.isfinite(last[key]), key
+    assert ("value_loss" in last) == (name == "ppo")
+
+
+def test_the_update_changes_the_policy_and_reinforce_ratios_are_one():
+    trainer = make_trainer("reinforce_baseline", max_steps=1)
+    before = weights(trainer.policy)
+    metrics = trainer.train_step()
+    assert any(not torch.allclose(before[k], v) for k, v in trainer.policy.state_dict().items())
+    # one on-policy pass: old log-probs come from the sampler, so the ratio is 1 up to the two paths' rounding
+    assert metrics["ratio_min"] == pytest.approx(1.0, abs=1e-4) and metrics["ratio_max"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["clip_frac"] == 0.0
+
+
+def test_ppo_reuses_each_rollout_and_clipping_becomes_active():
+    trainer = make_trainer("ppo", max_steps=3, num_iterations=4, learning_rate=5e-3)
+    history = trainer.train(progress=False)
+    assert max(m["clip_frac"] for m in history) > 0, "four passes at a high learning rate must move ratios past 1 ± ε"
+    assert all("value_loss" in m for m in history)
+
+
+def test_gradient_accumulation_with_dapo_equals_one_big_batch():
+    """Two micro-batches of 8 accumulated (dapo: divided by the step's token count) give the update of one
+    micro-batch of 16: same rollouts (same seeds), same minibatch order, same gradient up to rounding."""
+    runs = []
+    for per_device, accumulation in ((16, 1), (8, 2)):
+        trainer = make_trainer("reinforce_baseline", loss_type="dapo", per_device_train_batch_size=per_device,
+                               gradient_accumulation_steps=accumulation, max_steps=1)
+        trainer.train_step()
+        runs.append(weights(trainer.policy))
+    for key in runs[0]:
+        torch.testing.assert_close(runs[0][key], runs[1][key], rtol=1e-4, atol=1e-6)
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
+    straight = make_trainer("ppo", max_steps=4)
+    straight.train(progress=False)
+
+    first = make_trainer("ppo", max_steps=4)
+    first.train(steps=2, progress=False)
+    first.save_checkpoint(tmp_path / "ckpt")
+    second = make_trainer("ppo", max_steps=4).resume(tmp_path / "ckpt")
+    assert second.step == 2
+    second.train(progress=False)
+
+    for a, b in zip(straight.history, second.history):
+        for key in ("reward", "policy_loss", "value_loss", "approx_kl", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["step"], key)
+    for key, value in weights(straight.policy).items():
+        torch.testing.assert_close(value, second.policy.state_dict()[key], rtol=1e-6, atol=1e-8)
+
+
+def test_resume_refuses_another_config(tmp_path):
+    trainer = make_trainer("ppo", max_steps=1)
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match=r"another config \(differs in \['learning_rate'\]\)"):
+        make_trainer("ppo", max_steps=1, learning_rate=2e-3).resume(tmp_path / "ckpt")
+
+
+def test_metrics_are_written_as_json_lines(tmp_path):
+    import json
+
+    task = get_task("arithmetic", num_digits=1)
+    trainer = Trainer(build_model("tiny", seed=0), build_tokenizer(), task, preset("rloo", **SMALL),
+                      log_file=tmp_path / "log.jsonl")
+    trainer.train(steps=2, progress=False)
+    lines = (tmp_path / "log.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+
+
+def test_a_reward_function_that_returns_nan_is_a_clear_error():
+    task = get_task("arithmetic", num_digits=1)
+    trainer = Trainer(build_model("tiny", seed=0), build_tokenizer(), task, preset("rloo", **SMALL),
+                      reward_fn=lambda examples, completions, truncated: np.full(len(completions), np.nan))
+    with pytest.raises(ValueError, match="finite rewards"):
+        trainer.train_step()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(advantage_estimator="vtrace"), "unknown advantage_estimator"),
+        (dict(num_generations=3, per_device_train_batch_size=8), "multiple of num_generations"),
+        (dict(gradient_accumulation_steps=2, steps_per_generation=3), "multiple of gradient_accumulation_steps"),
+        (dict(advantage_estimator="rloo", num_generations=1), "needs num_generations >= 2"),
+        (dict(learning_rate=0.0), "must be positive"),
+        (dict(gamma=1.2), "gamma and lam"),
+        (dict(lam=-0.5), "gamma and lam"),
+        (dict(epsilon=0.0), "epsilon"),
+        (dict(beta=-1.0), "beta"),
+        (dict(num_iterations=0), "num_iterations must be at least 1"),
+    ],
+)
+def test_config_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RLConfig(**kwargs)
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="unknown preset"):
+        preset("trpo")
+
+
+# --- the value model ------------------------------------------------------------------------------------------
+
+
+def test_value_model_copies_the_policy_body_and_starts_at_zero(tokenizer):
+    policy = build_model("tiny", seed=3)
+    value_model = build_value_model(policy)
+    for key, value in policy.base_model.state_dict().items():
+        torch.testing.assert_close(value_model.base_model.state_dict()[key], value)
+    batch = generate_rollouts(policy, tokenizer, ["1+2=", "3+4="], num_generations=2, max_new_tokens=5, seed=0)
+    values = token_values(value_model, batch.input_ids, batch.attention_mask, batch.completion_mask)
+    assert values.shape == batch.completion_mask.shape and torch.all(values == 0)
+    with pytest.raises(ValueError, match="unknown value-model init"):
+        build_value_model(policy, init="reward_model")
+
+
+def test_value_of_a_token_is_read_before_it(tokenizer):
+    """The value at completion token t must not see token t: changing o_t leaves V_t unchanged."""
+    policy = build_model("tiny", seed=3)
+    value_model = build_value_model(policy, init="random")
+    batch = generate_rollouts(policy, tokenizer, ["12+3="], num_generations=1, max_new_tokens=4, seed=0)
+    input_ids, mask = batch.input_ids.clone(), torch.ones_like(batch.completion_mask)
+    attention = torch.ones_like(input_ids)
+    before = token_values(value_model, input_ids, attention, mask)
+    input_ids[0, -1] = (input_ids[0, -1] + 1) % len(tokenizer)
+    after = token_values(value_model, input_ids, attention, mask)
+    torch.testing.assert_close(before, after)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_trainer_runs_on_cuda_under_bf16_autocast():
+    task = get_task("arithmetic", num_digits=1)
+    trainer = Trainer(build_model("tiny", seed=0, device="cuda"), build_tokenizer(), task, preset("ppo", **SMALL))
+    metrics = trainer.train_step()
+    assert math.isfinite(metrics["policy_loss"]) and math.isfinite(metrics["value_loss"])
