@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 export PYTHONHASHSEED = 0
 
-.PHONY: install book test test-portability test-planted-bugs notebooks checkpoints bench clean
+.PHONY: install book test test-browser test-portability test-planted-bugs notebooks checkpoints bench clean
 
 install: $(STAMP)
 
@@ -28,6 +28,15 @@ book: install  ## build the rendered book into _build/html (shows the stored, va
 
 test: install  ## unit tests, nbval on every notebook, source/notebook sync, strict book build
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/run_tests.sh
+
+# Rebuilds the book first when a source is newer than the last build; screenshots go to _build/screenshots.
+test-browser: install  ## the rendered book in headless Chromium: math, images, links, console, network, phone width, CJK
+	@bash scripts/install_chromium.sh
+	@if [ ! -f _build/.html-stamp ] || [ -n "$$(find book notebooks _static src references.bib _config.yml _toc.yml -newer _build/.html-stamp -print -quit)" ]; then \
+	    $(BIN)/jupyter-book build . -W -n --keep-going --quiet && touch _build/.html-stamp \
+	    || echo "test-browser: the strict build failed (make test reports it); checking the HTML it wrote"; fi
+	$(BIN)/python -m pytest tests/browser -q -p no:cacheprovider
+	$(BIN)/python scripts/check_browser.py _build/html --screenshots _build/screenshots
 
 # SETTINGS="avx2" picks some of: native avx2 sse42 (default all). About 4 minutes a setting on 2 cores.
 test-portability: install  ## unit tests and nbval under this CPU's kernels and two emulated ones (other CPUs round differently)
