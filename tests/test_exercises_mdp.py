@@ -207,6 +207,16 @@ def test_a_crash_of_the_readers_function_reports_the_inputs(checker, shown):
         assert text in message
 
 
+def test_an_unwritten_stub_is_not_reported_as_a_crash():
+    """The student edition's stubs raise NotImplementedError; it reaches the reader unchanged."""
+
+    def stub(mdp, policy, tol):
+        raise NotImplementedError("write your solution here")
+
+    with pytest.raises(NotImplementedError, match="your solution"):
+        check_iterative_policy_evaluation(stub)
+
+
 # ---------------------------------------------------------------- average reward
 def test_average_reward_wrong_answers_fail():
     with pytest.raises(AssertionError, match="inputs of trial"):
