@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 export PYTHONHASHSEED = 0
 
-.PHONY: install book test test-browser test-portability test-planted-bugs notebooks checkpoints bench clean
+.PHONY: install book test test-browser test-portability test-planted-bugs notebooks lab student checkpoints bench clean
 
 install: $(STAMP)
 
@@ -47,6 +47,24 @@ test-planted-bugs: install  ## a test of the tests: plant known bugs one at a ti
 
 notebooks: install  ## re-execute every chapter and write its outputs into the paired notebook
 	@for f in $(CHAPTERS); do echo "== $$f"; $(BIN)/jupytext --sync --execute "$$f" || exit 1; done
+
+# JupyterLab with jupyterlab-myst renders the chapters' MyST (math, admonitions, proofs, exercises); it runs offline:
+# no news, no update check, a read-only extension manager (settings in scripts/jupyterlab/overrides.json).
+# `make lab LAB_DIR=_build/student` opens the student edition instead.
+LAB_DIR ?= notebooks
+LAB_PORT ?= 8888
+$(VENV)/.notebooks-installed: $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[notebooks]'
+	touch $@
+
+lab: $(VENV)/.notebooks-installed  ## install the [notebooks] extra and serve JupyterLab on notebooks/ (open the URL it prints)
+	$(BIN)/jupyter lab --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) \
+	    --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --ServerApp.root_dir=$(LAB_DIR) \
+	    --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \
+	    --LabApp.extension_manager=readonly --LabApp.app_settings_dir=$(CURDIR)/scripts/jupyterlab
+
+student: install  ## the student edition: each solution replaced by a stub and its checker call, in _build/student/
+	$(BIN)/python scripts/make_student.py --out _build/student
 
 checkpoints: install  ## retrain the shipped base policies from their seeds (bit for bit), then verify them
 	$(BIN)/python -m rlbook.checkpoints build
