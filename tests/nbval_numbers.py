@@ -15,8 +15,9 @@ where ``RELATIVE = 1e-4``. Numbers are compared by value, so rounding (not trunc
 
 What this relies on in nbval 0.11.0 (pinned in requirements.txt): ``IPyNbCell.compare_outputs`` passes each
 text output through ``IPyNbCell.sanitize`` and then compares the stored and the fresh value with
-``ref_out != test_out``. We wrap ``sanitize`` so that it returns a :class:`NumericText`, a ``str`` whose
-``!=``/``==`` apply the rule above. Every other use of the value (printing a diff) sees an ordinary string.
+``ref_out != test_out``, skipping the MIME types in ``skip_compare``. We wrap ``sanitize`` so that it returns a
+:class:`NumericText`, a ``str`` whose ``!=``/``==`` apply the rule above, and add glued figures
+(``application/papermill.record/image/png``) to the skipped types, as nbval already skips ``image/png``. Every other use of the value (printing a diff) sees an ordinary string.
 ``tests/test_nbval_numbers.py`` checks that the hook is still in place, so an nbval upgrade that changes it fails
 loudly instead of silently comparing exactly.
 """
@@ -90,18 +91,29 @@ class NumericText(str):
     __hash__ = str.__hash__
 
 
+# A figure shown with {glue:figure} is stored as a papermill record; nbval skips image/png but not these keys,
+# and would compare the picture byte for byte (its pixels move with the last digits of the data).
+GLUED_IMAGES = ("application/papermill.record/image/png", "application/papermill.record/image/jpeg")
+
+
 def install(cell_class) -> None:
-    """Wrap ``cell_class.sanitize`` (nbval's ``IPyNbCell``) so that text outputs compare with tolerance."""
+    """Wrap ``cell_class.sanitize`` (nbval's ``IPyNbCell``) so that text outputs compare with tolerance, and
+    ``cell_class.compare_outputs`` so that glued images are skipped like plain ones."""
     if getattr(cell_class.sanitize, "_numeric_text", False):
         return
-    original = cell_class.sanitize
+    sanitize_exactly, compare_outputs = cell_class.sanitize, cell_class.compare_outputs
 
     def sanitize(self, s):
-        s = original(self, s)
+        s = sanitize_exactly(self, s)
         return NumericText(s) if isinstance(s, str) else s
+
+    def compare_outputs_skipping_glued_images(self, test, ref, skip_compare=None):
+        skip = tuple(skip_compare or self.parent.skip_compare) + GLUED_IMAGES
+        return compare_outputs(self, test, ref, skip)
 
     sanitize._numeric_text = True
     cell_class.sanitize = sanitize
+    cell_class.compare_outputs = compare_outputs_skipping_glued_images
 
 
 def pytest_configure(config):

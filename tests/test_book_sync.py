@@ -8,7 +8,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for p in (ROOT / "book").rglob("*.md") if "kernelspec:" in p.read_text().split("\n---", 1)[0])
-TWINS = sorted((ROOT / "notebooks").rglob("*.ipynb"))
+# Jupyter writes autosave copies into .ipynb_checkpoints/ (git ignores them): they are not chapters.
+TWINS = sorted(p for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 
 
 def twin_of(source: Path) -> Path:

@@ -4,7 +4,7 @@ import inspect
 
 import pytest
 
-from tests.nbval_numbers import NumericText, install, numbers_agree, outputs_agree
+from tests.nbval_numbers import GLUED_IMAGES, NumericText, install, numbers_agree, outputs_agree
 
 
 @pytest.mark.parametrize(
@@ -87,13 +87,20 @@ def test_plugin_wraps_nbvals_sanitize_and_nbval_still_compares_with_ne():
 
     assert "self.sanitize(" in inspect.getsource(IPyNbCell.compare_outputs)
     assert "ref_out != test_out" in inspect.getsource(IPyNbCell.compare_outputs)
+    assert "if data_key not in skip_compare" in inspect.getsource(IPyNbCell.compare_outputs)
 
     class Cell:
+        parent = type("File", (), {"skip_compare": ("metadata",)})()
+
         def sanitize(self, s):
             return s.replace("0xabc", "0xADDRESS") if isinstance(s, str) else s
+
+        def compare_outputs(self, test, ref, skip_compare=None):
+            return skip_compare
 
     install(Cell)
     install(Cell)  # idempotent
     out = Cell().sanitize("at 0xabc: 0.891389")
     assert isinstance(out, NumericText) and out == "at 0xADDRESS: 0.891388"
     assert Cell().sanitize(["not", "text"]) == ["not", "text"]
+    assert Cell().compare_outputs([], []) == ("metadata", *GLUED_IMAGES), "glued figures are not compared"
