@@ -36,6 +36,7 @@ SOURCE_DIR = ROOT / "notebooks"
 OUT_DIR = ROOT / "_build" / "student"
 
 STUB_BODY = 'raise NotImplementedError("your solution")'
+STUB_COMMENT = "# Your solution: replace each `raise NotImplementedError`; the checker call(s) at the end test it."
 STUB_KEY = "rlbook_student_stub"  # cell metadata: the label of the exercise whose solution the stub replaces
 
 _START = re.compile(r"^\s*(?P<fence>`{3,}|:{3,})\{solution-start\}\s*(?P<label>[^\s`]+)?")
@@ -148,8 +149,7 @@ def stub_source(solution: Solution, statement: str) -> str | None:
             body = "    " + ast.get_source_segment(code, fn.body[0]) + "\n"
         stubs.append(f"{head}\n{body}    {STUB_BODY}")
     sections = ["\n".join(imports)] if imports else []
-    sections.append("# Your solution: replace each `raise NotImplementedError`; the checker call(s) at the end test it.\n"
-                    + "\n\n\n".join(stubs))
+    sections.append(STUB_COMMENT + "\n" + "\n\n\n".join(stubs))
     sections.append("\n".join(ast.get_source_segment(code, node) for code, node in checks))
     return "\n\n\n".join(sections)
 
@@ -240,7 +240,8 @@ def chapter_notebooks(source_dir: Path = SOURCE_DIR) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("notebooks", nargs="*", type=Path, help="chapter notebooks (default: notebooks/**/*.ipynb)")
+    parser.add_argument("notebooks", nargs="*", type=Path,
+                        help="chapter notebooks (default: notebooks/**/*.ipynb)")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="output folder (default: _build/student)")
     args = parser.parse_args(argv)
     sources = [p.resolve() for p in args.notebooks] or chapter_notebooks()

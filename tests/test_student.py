@@ -78,8 +78,9 @@ def statements(sources):
 def reference_bodies(code_sources):
     """The body statements (docstrings excluded) of the functions a solution passes to its checkers."""
     trees = [ast.parse(s) for s in code_sources]
-    checked = {n.id for t in trees for c in ast.walk(t) if isinstance(c, ast.Call)
-               and ast.unparse(c.func).split(".")[-1].startswith("check_") for n in ast.walk(c) if isinstance(n, ast.Name)}
+    calls = [c for t in trees for c in ast.walk(t)
+             if isinstance(c, ast.Call) and ast.unparse(c.func).split(".")[-1].startswith("check_")]
+    checked = {n.id for c in calls for n in ast.walk(c) if isinstance(n, ast.Name)}
     bodies = set()
     for tree in trees:
         for fn in tree.body:
@@ -135,7 +136,8 @@ def test_student_edition_drops_solutions_and_keeps_exercises(chapter, student_di
         # each checked function is a stub that raises, and no statement of the reference body survives
         tree = ast.parse(stubs[0].source)
         for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
-            assert ast.unparse(fn.body[-1]) == make_student.STUB_BODY.replace('"', "'"), f"{label}: {fn.name} is no stub"
+            stub_body = make_student.STUB_BODY.replace('"', "'")
+            assert ast.unparse(fn.body[-1]) == stub_body, f"{label}: {fn.name} is no stub"
         leaked = reference_bodies(sources) - statements(kept_code)
         assert not leaked & statements(code), f"{label}: reference solution code left in the student edition"
     assert with_code == sum(STUB in c.metadata for c in student.cells)
@@ -171,11 +173,13 @@ def _nb(*cells):
 _TWO_CODE_CELLS = _nb(
     "md:## Exercises\n\n```{exercise} Two\n:label: ex-two\n\nWrite `f(x, y=1)` and `g(z)`.\n```\n\n"
     "````{solution-start} ex-two\n:class: dropdown\n````\n\nSecret prose about f.",
-    "from rlbook.exercises import check_f\n\n\ndef f(x, y=1, extra=None):\n    \"\"\"Doc of f.\"\"\"\n    return x + y\n",
+    "from rlbook.exercises import check_f\n\n\n"
+    "def f(x, y=1, extra=None):\n    \"\"\"Doc of f.\"\"\"\n    return x + y\n",
     "md:More secret prose.",
     "def g(z):\n    return 2 * z\n\n\ndef helper():\n    return 0\n\n\ncheck_f(f)\ncheck_f(g)\nprint(helper())",
     "md:````{solution-end}\n````\n\n```{exercise} Think\n:label: ex-think\n\nExplain.\n```\n\n"
-    "````{solution-start} ex-think\n:class: dropdown\n````\n\nOnly prose.\n\n````{solution-end}\n````\n\n## Summary",
+    "````{solution-start} ex-think\n:class: dropdown\n````\n\nOnly prose.\n\n"
+    "````{solution-end}\n````\n\n## Summary",
 )
 
 
@@ -186,7 +190,8 @@ def test_several_code_cells_become_one_stub_and_prose_only_solutions_vanish():
     assert "{exercise} Think" in text and text.rstrip().endswith("## Summary")
     (stub,) = [c for c in student.cells if STUB in c.metadata]
     assert stub.metadata[STUB] == "ex-two"
-    assert "def f(x, y=1):\n    \"\"\"Doc of f.\"\"\"\n    raise NotImplementedError" in stub.source  # the exercise's signature
+    # the signature as the exercise writes it, the docstring, the stub body
+    assert "def f(x, y=1):\n    \"\"\"Doc of f.\"\"\"\n    raise NotImplementedError" in stub.source
     assert "def g(z):\n    raise NotImplementedError" in stub.source
     assert stub.source.startswith("from rlbook.exercises import check_f")
     assert stub.source.endswith("check_f(f)\ncheck_f(g)")
