@@ -349,6 +349,13 @@ JS_DESKTOP = r"""
   out.untitledDropdowns = Array.from(document.querySelectorAll('.admonition.dropdown, .admonition.toggle'))
     .filter(e => !e.querySelector('.admonition-title'))
     .map(e => (e.id ? '#' + e.id + ' ' : '') + e.className + ': ' + e.textContent.replace(/\s+/g, ' ').trim().slice(0, 60));
+  // Display equations that do not fit even at desktop width (they scroll there too): worth a look, not a fault.
+  out.wideDisplay = Array.from(document.querySelectorAll('mjx-container[display="true"]'))
+    .filter(c => c.getBoundingClientRect().width > 0)
+    .map(c => [c, c.querySelector('mjx-math')]).filter(([c, m]) => m && m.getBoundingClientRect().width > c.clientWidth + 2)
+    .map(([c, m]) => `${Math.round(m.getBoundingClientRect().width)} px formula in a ${c.clientWidth} px box: `
+         + (c.closest('.math') && c.closest('.math').querySelector('.eqno') ? c.closest('.math').querySelector('.eqno').textContent.replace('#', '').trim() + ' ' : '')
+         + (texOf(m) || '').replace(/\s+/g, ' ').trim().slice(0, 60));
   out.title = document.title;
   return out;
 })()
@@ -636,6 +643,8 @@ class Checker:
         for err in d["mathErrors"]:
             result.faults.append(f"MathJax {'error' if err['kind'] == 'error' else 'warning'}: {err['message']}"
                                  + (f" in {err['tex']!r}" if err["tex"] else ""))
+        for what in d["wideDisplay"]:
+            result.warnings.append(f"display equation wider than the column at {DESKTOP['width']} px (it scrolls): {what}")
         for what in d["untitledDropdowns"]:
             result.faults.append(f"dropdown without a title (breaks sphinx-togglebutton on this page): {what}")
         # images
