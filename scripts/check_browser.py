@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import fcntl
 import fnmatch
 import json
 import os
@@ -107,16 +108,15 @@ class Browser:
         self.profile = tempfile.mkdtemp(prefix="rlbook-chromium-")
         to_chrome_r, self._w = os.pipe()
         self._r, from_chrome_w = os.pipe()
-        # Move our ends out of the way, so that dup2 onto 3 and 4 in the child cannot clobber them.
-        import fcntl
-
+        # Chromium's ends go to fds >= 10 first, so that mapping them onto 3 and 4 in the child cannot clobber
+        # one with the other. (Python opens descriptors non-inheritable, so nothing else reaches Chromium.)
         hi_r = fcntl.fcntl(to_chrome_r, fcntl.F_DUPFD_CLOEXEC, 10)
         hi_w = fcntl.fcntl(from_chrome_w, fcntl.F_DUPFD_CLOEXEC, 10)
         os.close(to_chrome_r)
         os.close(from_chrome_w)
 
-        def child_fds():
-            os.dup2(hi_r, 3)  # dup2 clears close-on-exec on the copies
+        def map_pipe_fds():  # runs in the child between fork and exec (no threads here)
+            os.dup2(hi_r, 3)  # dup2's copies are inherited across exec
             os.dup2(hi_w, 4)
 
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL
@@ -124,7 +124,7 @@ class Browser:
             [chromium, *CHROMIUM_FLAGS, "--remote-debugging-pipe", f"--user-data-dir={self.profile}",
              "about:blank"],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
-            preexec_fn=child_fds, close_fds=False,
+            preexec_fn=map_pipe_fds, close_fds=False,  # close_fds would run after preexec_fn and close 3 and 4
         )
         os.close(hi_r)
         os.close(hi_w)
@@ -283,10 +283,6 @@ JS_DESKTOP = r"""
   out.mathjax = !!(mj && mj.version);
   if (mj && mj.startup && mj.startup.promise) {
     try { await mj.startup.promise; } catch (e) { out.mathjaxFailure = String(e); }
-  }
-  if (mj && mj.typesetPromise && mj.startup && mj.startup.document) {
-    // a typeset started by the page itself (e.g. a toggled output) is awaited too
-    try { await mj.startup.document.whenReady?.(() => null); } catch (e) {}
   }
   await document.fonts.ready;
   // Images: wait for the ones still loading (lazy ones are made eager).
@@ -564,7 +560,6 @@ class Checker:
             b.send(f"{domain}.enable", session=self.session)
         b.send("Network.setBlockedURLs", {"urls": ["http://*", "https://*", "ws://*", "wss://*", "ftp://*"]},
                session=self.session)
-        b.send("Network.setCacheDisabled", {"cacheDisabled": False}, session=self.session)
         self.console: list[str] = []
         self.requests: list[str] = []
         b.listeners.append(self._on_event)
