@@ -36,3 +36,18 @@ def test_grid_map_numbers_states_row_by_row():
     with pytest.raises(ValueError, match="desc must be a"):
         plot_grid_map(np.array(list("SFHG")))
     plt.close("all")
+
+
+def test_training_curves_plot_mean_and_band_over_seeds():
+    from rlbook.plotting import plot_training_curves
+
+    def history(offset):
+        return [{"step": s, "reward": s + offset, **({"eval_accuracy": 0.5} if s % 2 == 0 else {})} for s in range(1, 7)]
+
+    axes = plot_training_curves({"a": [history(0), history(2)], "b": [history(1)]}, ["reward", "eval_accuracy"])
+    line = axes[0].get_lines()[0]
+    assert list(line.get_xdata()) == [1, 2, 3, 4, 5, 6] and list(line.get_ydata()) == [2, 3, 4, 5, 6, 7]
+    assert list(axes[1].get_lines()[0].get_xdata()) == [2, 4, 6]
+    assert len(axes[0].collections) == 1, "one band: only label 'a' has more than one seed"
+    with pytest.raises(ValueError, match="2 axes for 1 metrics"):
+        plot_training_curves({"a": [history(0)]}, ["reward"], axes=list(axes))

@@ -1,4 +1,4 @@
-"""Plots used across the book: grid-world value maps, greedy-policy arrows and paths."""
+"""Plots used across the book: grid-world value maps, greedy-policy arrows and paths, training curves over seeds."""
 
 from __future__ import annotations
 
@@ -135,3 +135,53 @@ def plot_grid_path(states, shape: tuple[int, int], ax=None, **line_kwargs):
     r, c = np.divmod(states, cols)
     ax.plot(c, r, **({"marker": "o", "markersize": 3} | line_kwargs))
     return ax
+
+
+def plot_training_curves(
+    runs: dict[str, list[list[dict]]],
+    metrics: list[str],
+    axes=None,
+    x: str = "step",
+    titles: dict[str, str] | None = None,
+    smooth: int = 1,
+):
+    """One panel per metric: for each label, the mean over seeds as a line and the min-max over seeds as a band.
+
+    Args:
+        runs: label -> one metric history per seed (``Trainer.history``: a list of dicts, one per step).
+            Steps where a metric is missing (``eval_accuracy`` is logged every few steps) are skipped.
+        metrics: the keys to plot, e.g. ``["reward", "eval_accuracy", "clip_frac"]``.
+        axes: optional sequence of matplotlib axes, one per metric.
+        titles: optional metric -> panel title (defaults to the key); the y-axis is labelled with the key too.
+        smooth: moving-average window applied to each seed before averaging (1: none).
+    Returns the axes.
+    """
+    if axes is None:
+        _, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.2), squeeze=False)
+        axes = axes[0]
+    if len(axes) != len(metrics):
+        raise ValueError(f"got {len(axes)} axes for {len(metrics)} metrics")
+    for ax, metric in zip(axes, metrics):
+        for colour, (label, histories) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], runs.items()):
+            steps, curves = _aligned(histories, metric, x)
+            if not curves.size:
+                continue
+            if smooth > 1:
+                kernel = np.ones(smooth) / smooth
+                curves = np.stack([np.convolve(c, kernel, mode="valid") for c in curves])
+                steps = steps[smooth - 1 :]
+            ax.plot(steps, curves.mean(0), color=colour, label=f"{label} (n={len(curves)})")
+            if len(curves) > 1:
+                ax.fill_between(steps, curves.min(0), curves.max(0), color=colour, alpha=0.2, linewidth=0)
+        ax.set_title((titles or {}).get(metric, metric))
+        ax.set_xlabel(x)
+        ax.set_ylabel(metric)
+    axes[0].legend(fontsize="small")
+    return axes
+
+
+def _aligned(histories: list[list[dict]], metric: str, x: str):
+    """(steps, (seeds, steps) array) of ``metric`` at the steps every seed logged it."""
+    per_seed = [{m[x]: m[metric] for m in history if metric in m} for history in histories]
+    common = sorted(set.intersection(*(set(d) for d in per_seed))) if per_seed else []
+    return np.asarray(common), np.asarray([[d[s] for s in common] for d in per_seed], dtype=float)
