@@ -82,7 +82,7 @@ def expected_sarsa_policy_of_current_state(Q, s, a, r, s_next, alpha, gamma, eps
 
 
 def expected_sarsa_explore_non_greedy(Q, s, a, r, s_next, alpha, gamma, epsilon, terminated=False):
-    """The seed's reading of epsilon-greedy: exploration only among the non-greedy actions."""
+    """The study note's reading of epsilon-greedy: exploration only among the non-greedy actions."""
     q = Q[s_next]
     greedy = int(np.argmax(q))
     probs = np.full(len(q), epsilon / max(len(q) - 1, 1))
