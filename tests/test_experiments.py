@@ -1,0 +1,60 @@
+"""Reduced runs of the scripts in experiments/ (each a few seconds): they run, and their results have the shape
+and the properties the chapters rely on."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------- chapter 4: the policy-gradient theorem
+def test_pg_gradient_variance_reduced_run():
+    script = load_script("pg_gradient_variance")
+    result = script.run(group_sizes=(4,), seeds=(0,), num_batches=3, batch_size=16)
+    variance = {name: result["total_variance"][name][0][0] for name in script.ESTIMATORS}
+    assert all(math.isfinite(v) and v >= 0 for v in variance.values())
+    # the group-mean advantage is (G - 1)/G times RLOO's on every batch, so its variance is ((G - 1)/G)^2 times
+    assert variance["group_mean"] == pytest.approx((3 / 4) ** 2 * variance["rloo"], rel=1e-4)
+
+
+def test_pg_gradient_variance_rejects_an_unknown_estimator():
+    script = load_script("pg_gradient_variance")
+    import torch
+
+    with pytest.raises(ValueError, match="unknown estimator"):
+        script.advantages(torch.zeros(4), "a2c", 2)
+
+
+def test_pg_training_reduced_run():
+    script = load_script("pg_training")
+    result = script.run(presets=("reinforce", "rloo"), seeds=(0,), max_steps=2, eval_every=2, eval_size=8,
+                        num_generations=4, per_device_train_batch_size=8)
+    for name in ("reinforce", "rloo"):
+        (run,) = result["runs"][name]
+        assert run["eval_steps"] == [0, 2] and len(run["reward"]) == 2
+        assert all(0.0 <= a <= 1.0 for a in run["eval_accuracy"]) and np.isfinite(run["grad_norm"]).all()
+
+
+def test_pg_stored_results_match_the_scripts():
+    """The stored results the chapter plots were made by the current scripts' settings, >= 5 seeds."""
+    for name in ("pg_gradient_variance", "pg_training"):
+        path = EXPERIMENTS / "results" / f"{name}.json"
+        if not path.exists():
+            pytest.skip(f"{path.name} not stored yet")
+        import json
+
+        stored = json.loads(path.read_text())
+        assert len(stored["seeds"]) >= 5, name
