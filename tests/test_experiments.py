@@ -58,3 +58,35 @@ def test_pg_stored_results_match_the_scripts():
 
         stored = json.loads(path.read_text())
         assert len(stored["seeds"]) >= 5, name
+
+
+# ---------------------------------------------------------------- chapter 5: PPO against REINFORCE
+def test_ppo_compare_reduced_run():
+    script = load_script("ppo_compare")
+    for algorithm in script.ALGORITHMS:
+        record = script.run("arithmetic", algorithm, seed=0, steps=2, eval_every=1, eval_size=8,
+                            num_generations=4, per_device_train_batch_size=8)
+        assert record["eval_steps"] == [0, 1, 2] and all(0.0 <= a <= 1.0 for a in record["eval_accuracy"])
+        assert len(record["metrics"]["reward"]) == 2 and all(math.isfinite(x) for x in record["metrics"]["approx_kl"])
+        if algorithm == "ppo":  # a value model and four epochs: value metrics exist and the ratio moved
+            assert all(math.isfinite(x) for x in record["metrics"]["value_loss"])
+            assert max(record["metrics"]["ratio_max"]) > 1.0
+        else:  # one on-policy update: the ratio is 1 and nothing is clipped
+            assert record["metrics"]["clip_frac"] == [0.0, 0.0]
+
+
+def test_ppo_stored_results_match_the_script():
+    """The stored comparison has >= 5 seeds per algorithm, made with the script's current settings."""
+    import json
+
+    path = EXPERIMENTS / "results" / "ppo_compare.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} not stored yet")
+    script = load_script("ppo_compare")
+    stored = json.loads(path.read_text())
+    for algorithm, spec in script.ALGORITHMS.items():
+        runs = [r for r in stored["runs"] if r["algorithm"] == algorithm]
+        assert len({r["seed"] for r in runs}) >= 5, algorithm
+        for run in runs:
+            assert run["config"]["learning_rate"] == pytest.approx(spec["learning_rate"])
+            assert run["eval_steps"][-1] == run["config"]["max_steps"]

@@ -19,17 +19,20 @@ from rlbook.exercises.mdp import (
     check_iterative_policy_evaluation,
     check_q_value_iteration_step,
 )
+from rlbook.exercises.ppo import check_clipped_objective, check_gae_loop
 from rlbook.exercises.pg import check_discounted_pg_weights, check_leave_one_out_advantages
 from rlbook.exercises.q_learning import check_double_q_learning_update, check_expected_sarsa_update
 
 __all__ = [
     "assert_close",
     "check_average_reward",
+    "check_clipped_objective",
     "check_completion_mask_from_ids",
     "check_discounted_pg_weights",
     "check_double_q_learning_update",
     "check_entropy_at_temperature",
     "check_expected_sarsa_update",
+    "check_gae_loop",
     "check_iterative_policy_evaluation",
     "check_leave_one_out_advantages",
     "check_mean_token_logprob",

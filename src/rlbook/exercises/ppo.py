@@ -1,0 +1,134 @@
+"""Exercises of the chapter "PPO": GAE as a backward loop, and the clipped surrogate per token.
+
+Each ``check_<name>(fn)`` runs the reader's ``fn`` and the reference on the same random torch tensors (seeded, so
+a failure is reproducible), raises ``AssertionError`` at the first disagreement with the inputs that caused it,
+and prints ``ok`` when everything agrees.
+
+- :func:`check_gae_loop`: ``fn(rewards, values, mask, gamma, lam) -> (B, T)`` advantages, computed with the
+  backward recursion ``A_t = delta_t + gamma * lam * A_{t+1}`` over right-padded rows (equation ``eq-ppo-gae``);
+  ``V`` after a row's last real token is 0 and the outputs are 0 on padding. The reference is the loop-free
+  :func:`rlbook.objectives.gae`.
+- :func:`check_clipped_objective`: ``fn(ratio, advantages, epsilon) -> (B, T)``, the per-token clipped surrogate
+  ``min(rho A, clip(rho, 1 - eps, 1 + eps) A)`` (equation ``eq-ppo-clip``, the quantity PPO *maximises*), and its
+  gradient with respect to the ratio, checked with autograd: zero exactly where the clip binds.
+
+torch is imported inside the functions, so that ``import rlbook.exercises`` stays light for the tabular chapters.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from rlbook.exercises._compare import assert_close, call_reader
+
+if TYPE_CHECKING:
+    import torch
+
+_SEED = 20250805
+NUM_TRIALS = 200
+
+
+# ---------------------------------------------------------------------------------------------- references
+def reference_gae(rewards, values, mask, gamma: float, lam: float):
+    """(B, T) GAE advantages: the first output of :func:`rlbook.objectives.gae`."""
+    from rlbook.objectives import gae
+
+    return gae(rewards, values, mask, gamma, lam)[0]
+
+
+def reference_clipped_objective(ratio, advantages, epsilon: float):
+    """(B, T) ``min(rho A, clip(rho, 1 - eps, 1 + eps) A)`` per token (eq-ppo-clip), to be maximised."""
+    import torch
+
+    return torch.minimum(ratio * advantages, ratio.clamp(1 - epsilon, 1 + epsilon) * advantages)
+
+
+# ---------------------------------------------------------------------------------------------- random inputs
+def _random_gae_inputs(rng: np.random.Generator):
+    """Right-padded rows of random lengths (a row may fill all columns), random rewards and values (NaN or
+    finite garbage on padding, which a correct implementation never reads), gamma and lambda including the ends 0 and 1."""
+    import torch
+
+    B, T = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+    lengths = rng.integers(1, T + 1, size=B)
+    mask = torch.as_tensor(np.arange(T)[None, :] < lengths[:, None], dtype=torch.float64)
+    rewards = torch.as_tensor(rng.normal(size=(B, T)))
+    values = torch.as_tensor(rng.normal(size=(B, T)))
+    if rng.uniform() < 0.5:  # padding holds NaN, or finite garbage that a correct solution never reads
+        rewards[mask == 0], values[mask == 0] = float("nan"), float("nan")
+    else:
+        values[mask == 0] = 10.0 + 5.0 * torch.as_tensor(rng.normal(size=(B, T)))[mask == 0]
+    gamma = float(rng.choice([0.0, 1.0, rng.uniform()]))
+    lam = float(rng.choice([0.0, 1.0, 0.95, rng.uniform()]))
+    return rewards, values, mask, gamma, lam
+
+
+def _random_ratio_inputs(rng: np.random.Generator):
+    """Ratios in (0, 3) with some exactly at 1, advantages of both signs (and some 0), epsilon in (0.05, 0.5)."""
+    import torch
+
+    B, T = int(rng.integers(1, 5)), int(rng.integers(1, 7))
+    ratio = rng.uniform(0.05, 3.0, size=(B, T))
+    ratio[rng.uniform(size=(B, T)) < 0.15] = 1.0
+    advantages = rng.normal(size=(B, T))
+    advantages[rng.uniform(size=(B, T)) < 0.1] = 0.0
+    epsilon = float(rng.uniform(0.05, 0.5))
+    # keep ratios away from the clip's kinks 1 ± eps, where the gradient is not defined
+    near = np.abs(np.abs(ratio - 1) - epsilon) < 1e-3
+    ratio[near] += 5e-3
+    return torch.as_tensor(ratio), torch.as_tensor(advantages), epsilon
+
+
+# ---------------------------------------------------------------------------------------------- checkers
+def check_gae_loop(fn: Callable) -> None:
+    """Compare ``fn(rewards, values, mask, gamma, lam)`` with :func:`rlbook.objectives.gae` on random batches."""
+    import torch
+
+    rng = np.random.default_rng(_SEED)
+    for trial in range(NUM_TRIALS):
+        rewards, values, mask, gamma, lam = _random_gae_inputs(rng)
+        inputs = (rewards.clone(), values.clone(), mask.clone())
+
+        def shown():
+            return (f"trial {trial}: gamma={gamma}, lam={lam}\nmask=\n{mask}\nrewards=\n{rewards}\n"
+                    f"values=\n{values}")
+
+        got = call_reader(fn, (rewards, values, mask, gamma, lam), shown)
+        for name, before, after in zip(("rewards", "values", "mask"), inputs, (rewards, values, mask)):
+            if not torch.equal(before.nan_to_num(7.0), after.nan_to_num(7.0)):
+                raise AssertionError(f"your function modified its input {name!r} in place ({shown()})")
+        got = torch.as_tensor(got)
+        if not bool(torch.isfinite(got).all()):
+            raise AssertionError(f"the advantages must be finite everywhere (0 on padding); got\n{got}\n{shown()}")
+        expected = reference_gae(rewards, values, mask, gamma, lam)
+        assert_close(got, expected, f"GAE advantages ({shown()})", atol=1e-9, rtol=1e-7)
+    print("ok")
+
+
+def check_clipped_objective(fn: Callable) -> None:
+    """Compare ``fn(ratio, advantages, epsilon)`` and its gradient in the ratio with the reference."""
+    import torch
+
+    rng = np.random.default_rng(_SEED + 1)
+    for trial in range(NUM_TRIALS):
+        ratio, advantages, epsilon = _random_ratio_inputs(rng)
+
+        def shown():
+            return f"trial {trial}: epsilon={epsilon}\nratio=\n{ratio}\nadvantages=\n{advantages}"
+
+        mine = ratio.clone().requires_grad_(True)
+        got = call_reader(fn, (mine, advantages, epsilon), shown)
+        if not isinstance(got, torch.Tensor) or not got.requires_grad:
+            raise AssertionError("return a torch tensor computed from `ratio` with torch operations, so that "
+                                 f"autograd can check its gradient ({shown()})")
+        (grad,) = torch.autograd.grad(got.sum(), mine, allow_unused=True)
+        grad = torch.zeros_like(ratio) if grad is None else grad
+        theirs = ratio.clone().requires_grad_(True)
+        expected = reference_clipped_objective(theirs, advantages, epsilon)
+        (expected_grad,) = torch.autograd.grad(expected.sum(), theirs)
+        assert_close(got.detach(), expected.detach(), f"clipped objective ({shown()})", atol=1e-12, rtol=1e-9)
+        assert_close(grad, expected_grad, f"gradient of the clipped objective in the ratio ({shown()})",
+                     atol=1e-12, rtol=1e-9)
+    print("ok")
