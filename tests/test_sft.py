@@ -1,22 +1,29 @@
-"""Tests for rlbook.sft and the shipped base policies (rlbook.checkpoints)."""
+"""Tests for rlbook.sft and the shipped base policies (rlbook.checkpoints).
 
-import tempfile
+Other CPUs run other float kernels, so nothing here compares trained weights or losses byte for byte: a run is
+compared with a tolerance, a fresh run with the manifest only over its first SFT steps (where every CPU tried
+agrees to ~3e-7), and a shipped policy by its hashes and its re-measured accuracy.
+"""
+
+import dataclasses
 
 import numpy as np
 import pytest
 import torch
 
 from rlbook.checkpoints import (
+    LOSS_HEAD_RTOL,
+    LOSS_HEAD_STEPS,
     RECIPES,
-    build_checkpoint,
-    checkpoint_dir,
-    file_hashes,
-    final_sampled_accuracy,
+    check_shipped,
     load_base_policy,
     load_manifest,
+    loss_head_mismatches,
+    sft_loss_head,
 )
+from rlbook.checkpoints.__main__ import main as checkpoints_main
 from rlbook.lm import build_model, build_tokenizer
-from rlbook.rollout import encode_completions, sequence_logprobs
+from rlbook.rollout import encode_completions
 from rlbook.sft import SFTConfig, sft_loss, train_sft
 from rlbook.tasks import get_task
 
@@ -46,23 +53,40 @@ def test_train_sft_learns_and_is_deterministic():
         history = train_sft(model, build_tokenizer(), task, config)
         runs.append((history, model.state_dict()))
     (h1, w1), (h2, w2) = runs
-    assert h1.losses == h2.losses and all(torch.equal(w1[k], w2[k]) for k in w1)
+    # the same machine runs the same kernels; the tolerances only keep float equality out of the tests
+    np.testing.assert_allclose(h1.losses, h2.losses, rtol=1e-6, atol=0)
+    for name in w1:
+        torch.testing.assert_close(w1[name], w2[name], rtol=1e-6, atol=1e-8, msg=name)
     assert np.mean(h1.losses[-10:]) < 0.7 * np.mean(h1.losses[:10])
     assert h1.eval_steps == [30, 60] and len(h1.eval_accuracy) == 2
 
 
-def test_train_sft_stops_at_the_target_accuracy():
+def test_train_sft_stops_after_patience_passing_evaluations():
     task = get_task("sort_digits", min_length=3, max_length=3)
-    config = SFTConfig(max_steps=400, eval_every=20, eval_size=32, max_new_tokens=6, stop_at_accuracy=0.3, seed=0)
+    config = SFTConfig(max_steps=400, eval_every=20, eval_size=32, max_new_tokens=6, stop_at_accuracy=0.3,
+                       stop_patience=2, seed=0)
     history = train_sft(build_model("tiny", seed=0), build_tokenizer(), task, config)
-    assert history.eval_accuracy[-1] >= 0.3 and all(a < 0.3 for a in history.eval_accuracy[:-1])
+    passed = [accuracy >= 0.3 for accuracy in history.eval_accuracy]
+    assert passed[-2:] == [True, True], "stops only after two passing evaluations in a row"
+    assert not any(a and b for a, b in zip(passed[:-2], passed[1:-1])), "and at the first such pair"
     assert history.steps == history.eval_steps[-1] < 400
+
+
+def test_train_sft_trains_on_train_problems_only(monkeypatch):
+    task = get_task("arithmetic", num_digits=1)
+    seen = []
+    original = task.sample
+    monkeypatch.setattr(task, "sample", lambda n, seed, split="all": seen.append(split) or original(n, seed, split))
+    train_sft(build_model("tiny", seed=0), build_tokenizer(), task,
+              SFTConfig(max_steps=3, batch_size=8, eval_every=3, eval_size=8, max_new_tokens=3))
+    assert seen == ["test", "train", "train", "train"]  # the held-out set first, then one batch a step
 
 
 @pytest.mark.parametrize(
     "kwargs, match",
     [(dict(max_steps=0), "max_steps"), (dict(lr=0.0), "lr must be positive"),
-     (dict(stop_at_accuracy=1.5), "stop_at_accuracy"), (dict(batch_size=0), "batch_size")],
+     (dict(stop_at_accuracy=1.5), "stop_at_accuracy"), (dict(batch_size=0), "batch_size"),
+     (dict(stop_patience=0), "stop_patience")],
 )
 def test_sft_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -73,22 +97,47 @@ def test_sft_config_errors(kwargs, match):
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
-def test_shipped_base_policy_loads_and_has_headroom(name):
+def test_shipped_base_policy_matches_its_manifest_and_has_headroom(name):
     manifest = load_manifest(name)
-    assert manifest["sha256"] == file_hashes(checkpoint_dir(name)), "shipped files differ from their manifest"
-    assert 0.3 <= manifest["final_sampled_accuracy"] <= 0.6, "a base policy needs headroom for RL"
-    model, tokenizer = load_base_policy(name)
-    accuracy = final_sampled_accuracy(RECIPES[name], model, tokenizer)
-    assert accuracy == pytest.approx(manifest["final_sampled_accuracy"], abs=1e-9)
+    assert check_shipped(name) == []  # sha256 of every file, and the recorded accuracy re-measured (+-0.02)
+    assert manifest["reached_target"] and manifest["sft_steps"] < RECIPES[name].sft.max_steps
+    low, high = RECIPES[name].accuracy_band
+    assert low <= manifest["final_sampled_accuracy"] <= high, "a base policy needs headroom for RL"
+    assert manifest["targets"]["accuracy_band"] == [low, high]
+    assert manifest["recipe"]["sft"] == dataclasses.asdict(RECIPES[name].sft), "the recipe changed: rebuild"
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_a_fresh_run_repeats_the_recorded_first_sft_losses(name):
+    """Cheap and portable check of the whole recipe (task, split, model, optimiser, seeds): LOSS_HEAD_STEPS steps."""
+    recorded = load_manifest(name)["sft_loss_head"]
+    assert len(recorded) == LOSS_HEAD_STEPS
+    mismatches = loss_head_mismatches(sft_loss_head(RECIPES[name]), recorded)
+    assert mismatches == [], f"SFT losses differ by more than {LOSS_HEAD_RTOL:g} relative at steps {mismatches}"
+
+
+def test_the_loss_head_check_catches_a_two_percent_learning_rate_change():
+    recipe = RECIPES["arithmetic"]
+    planted = dataclasses.replace(recipe, sft=dataclasses.replace(recipe.sft, lr=recipe.sft.lr * 1.02))
+    assert loss_head_mismatches(sft_loss_head(planted), load_manifest("arithmetic")["sft_loss_head"]) != []
+
+
+def test_loss_head_mismatches():
+    assert loss_head_mismatches([1.0, 2.0], [1.0 + 1e-7, 2.0]) == []
+    assert loss_head_mismatches([1.0, 2.0], [1.0, 2.001]) == [2]
+    assert loss_head_mismatches([1.0], [1.0, 2.0]) == [1, 2]
 
 
 def test_unknown_base_policy():
     with pytest.raises(ValueError, match="unknown base policy"):
         load_base_policy("chess")
+    with pytest.raises(SystemExit):
+        checkpoints_main(["verify", "chess"])
 
 
-@pytest.mark.parametrize("name", sorted(RECIPES))
-def test_base_policy_rebuilds_bit_for_bit(name):
-    with tempfile.TemporaryDirectory() as tmp:
-        build_checkpoint(name, tmp)
-        assert file_hashes(tmp) == load_manifest(name)["sha256"]
+def test_the_command_line_says_what_it_checks(capsys):
+    with pytest.raises(SystemExit):
+        checkpoints_main(["--help"])
+    text = capsys.readouterr().out
+    for phrase in ("sha256", "first SFT losses", "target", "band", "does not"):
+        assert phrase in text, phrase

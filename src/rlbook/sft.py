@@ -2,8 +2,10 @@
 
 RL needs a starting policy that already solves a task *sometimes*: with accuracy near 0 every group of samples is
 all wrong and the reward carries no signal; near 1 there is nothing left to learn. SFT on the task's
-demonstrations gets there, and :func:`train_sft` stops as soon as the sampled accuracy reaches a target, which
-leaves the headroom RL is meant to close.
+demonstrations gets there, and :func:`train_sft` stops once the sampled accuracy on held-out problems has reached a
+target, which leaves the headroom RL is meant to close. It trains on the task's ``"train"`` split and measures
+accuracy on its ``"test"`` split (see :meth:`rlbook.tasks.Task.sample`), so the target is met on problems the
+model never saw.
 
 The loss is the negative log-likelihood of the demonstration tokens (EOS included), averaged over tokens:
 
@@ -41,13 +43,14 @@ class SFTConfig:
     weight_decay: float = 0.0
     warmup_steps: int = 50
     eval_every: int = 100
-    eval_size: int = 128  # held-out prompts, one sample each at temperature 1
+    eval_size: int = 256  # held-out ("test" split) prompts, one sample each at temperature 1
     max_new_tokens: int = 16
-    stop_at_accuracy: float | None = None  # stop at the first evaluation whose sampled accuracy reaches this
+    stop_at_accuracy: float | None = None  # stop once `stop_patience` evaluations in a row reach this accuracy
+    stop_patience: int = 2  # more than one: a single lucky evaluation (or float rounding) cannot decide the stop
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("max_steps", "batch_size", "eval_every", "eval_size", "max_new_tokens"):
+        for name in ("max_steps", "batch_size", "eval_every", "eval_size", "max_new_tokens", "stop_patience"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -82,22 +85,24 @@ def sampled_accuracy(model, tokenizer, task: Task, examples, max_new_tokens: int
 def train_sft(model, tokenizer, task: Task, config: SFTConfig | None = None) -> SFTHistory:
     """Fine-tune ``model`` in place on fresh demonstrations of ``task``; returns the :class:`SFTHistory`.
 
-    Every step draws a new batch of problems (the tasks are generators, so there is no epoch); every
-    ``eval_every`` steps the sampled accuracy on ``eval_size`` held-out problems is measured, and training stops
-    early once it reaches ``stop_at_accuracy``. Deterministic given ``config.seed`` on a given machine. Runs
-    where the model is (move it first: ``model.to(device)``), under bf16 autocast on a CUDA GPU.
+    Every step draws a new batch of ``"train"`` problems (the tasks are generators, so there is no epoch); every
+    ``eval_every`` steps the sampled accuracy on ``eval_size`` fixed ``"test"`` problems is measured, and training
+    stops once ``stop_patience`` evaluations in a row reach ``stop_at_accuracy``. Deterministic given
+    ``config.seed`` on a given machine; on another CPU the losses agree to float rounding for the first few dozen
+    steps and then drift apart (the kernels round differently), so compare runs with tolerances. Runs where the
+    model is (move it first: ``model.to(device)``), under bf16 autocast on a CUDA GPU.
     """
     config = config or SFTConfig()
     device = next(model.parameters()).device
-    rng = np.random.default_rng(config.seed)
-    held_out = task.sample(config.eval_size, seed=rng)
+    rng = np.random.default_rng(config.seed)  # the training batches; the held-out set has its own stream
+    held_out = task.sample(config.eval_size, seed=np.random.default_rng((config.seed, 1)), split="test")
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / config.warmup_steps))
     history = SFTHistory()
 
     model.train()
     for step in range(1, config.max_steps + 1):
-        examples = task.sample(config.batch_size, seed=rng)
+        examples = task.sample(config.batch_size, seed=rng, split="train")
         input_ids, attention_mask, completion_mask = encode_completions(
             tokenizer, [e.prompt for e in examples], [task.demonstration(e) for e in examples], device=device
         )
@@ -114,7 +119,9 @@ def train_sft(model, tokenizer, task: Task, config: SFTConfig | None = None) -> 
             model.train()
             history.eval_steps.append(step)
             history.eval_accuracy.append(accuracy)
-            if config.stop_at_accuracy is not None and accuracy >= config.stop_at_accuracy:
+            recent = history.eval_accuracy[-config.stop_patience:]
+            target = config.stop_at_accuracy
+            if target is not None and len(recent) == config.stop_patience and min(recent) >= target:
                 break
     model.eval()
     return history

@@ -1,19 +1,27 @@
 """The base (reference) policies the book starts RL from, shipped inside the package, and how to rebuild them.
 
-Each checkpoint is a tiny causal LM fine-tuned by :func:`rlbook.sft.train_sft` on one task until its sampled
-accuracy first reaches a target, so that RL has headroom. Load one with::
+Each checkpoint is a tiny causal LM fine-tuned by :func:`rlbook.sft.train_sft` on the ``"train"`` split of one task
+until its sampled accuracy on ``"test"`` problems has reached a target at ``stop_patience`` evaluations in a row, so
+that RL has headroom. Load one with::
 
     from rlbook.checkpoints import load_base_policy
     model, tokenizer = load_base_policy("arithmetic")
 
-Rebuild them (bit for bit on the same kind of machine: training runs on one CPU thread, seeded)::
+Rebuild or check them (training runs on one CPU thread, seeded)::
 
-    python -m rlbook.checkpoints build            # rewrite the shipped files
-    python -m rlbook.checkpoints verify           # rebuild into a temporary folder and compare file hashes
+    python -m rlbook.checkpoints build            # retrain and rewrite the shipped files and manifests
+    python -m rlbook.checkpoints verify           # retrain into memory and check the recipe, not the bytes
+
+A rebuild is the same bytes only on the same kind of CPU: other CPUs run other float kernels, the losses drift
+apart after a few dozen steps, and training stops at another step with another model. So ``verify`` checks what
+holds on every CPU: the shipped files match their manifest hashes and keep their recorded accuracy; the first
+:data:`LOSS_HEAD_STEPS` SFT losses of a fresh run equal the recorded ones to :data:`LOSS_HEAD_RTOL` (which
+catches a changed recipe); and the rebuild reaches its target and lands in the recipe's accuracy band.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -25,15 +33,18 @@ import torch
 import transformers
 
 from rlbook.lm import build_model, build_tokenizer, count_parameters, load_policy, save_policy
-from rlbook.sft import SFTConfig, sampled_accuracy, train_sft
+from rlbook.sft import SFTConfig, SFTHistory, sampled_accuracy, train_sft
 from rlbook.tasks import get_task
 
 MANIFEST = "manifest.json"
+LOSS_HEAD_STEPS = 40  # float32 runs on different CPUs agree to ~3e-7 for about this many SFT steps
+LOSS_HEAD_RTOL = 1e-5  # ... and a 2 % change of the learning rate moves them by far more than this
+RECORDED_ACCURACY_ATOL = 0.02  # shipped files re-measured: the sampled tokens, hence the accuracy, may move a little
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """How one base policy is made: the task, the model, and the SFT settings."""
+    """How one base policy is made: the task, the model, the SFT settings, and the accuracy band it must land in."""
 
     task: str
     task_kwargs: dict = field(default_factory=dict)
@@ -41,7 +52,8 @@ class Recipe:
     arch: str = "llama"
     model_seed: int = 0
     sft: SFTConfig = field(default_factory=SFTConfig)
-    final_eval_size: int = 512  # prompts for the accuracy recorded in the manifest (one sample each, T = 1)
+    final_eval_size: int = 512  # "test" prompts for the accuracy recorded in the manifest (one sample each, T = 1)
+    accuracy_band: tuple[float, float] = (0.3, 0.7)  # where that accuracy must lie: headroom for RL, above zero
 
     def make_task(self):
         """The :class:`rlbook.tasks.Task` this policy was trained on."""
@@ -49,9 +61,9 @@ class Recipe:
 
 
 def final_sampled_accuracy(recipe: Recipe, model, tokenizer) -> float:
-    """The accuracy recorded in a manifest: ``final_eval_size`` fixed prompts, one sample each at temperature 1."""
+    """The accuracy recorded in a manifest: ``final_eval_size`` fixed ``"test"`` prompts, one sample each at T = 1."""
     task = recipe.make_task()
-    examples = task.sample(recipe.final_eval_size, seed=np.random.default_rng(10_000 + recipe.sft.seed))
+    examples = task.sample(recipe.final_eval_size, seed=np.random.default_rng(10_000 + recipe.sft.seed), split="test")
     return sampled_accuracy(model, tokenizer, task, examples, recipe.sft.max_new_tokens, seed=10_000)
 
 
@@ -59,16 +71,16 @@ RECIPES: dict[str, Recipe] = {
     "arithmetic": Recipe(
         task="arithmetic",
         task_kwargs={"num_digits": 2, "operations": "+"},
-        sft=SFTConfig(max_steps=3000, eval_every=50, stop_at_accuracy=0.45, max_new_tokens=8, seed=0),
+        sft=SFTConfig(max_steps=3000, batch_size=128, eval_every=25, stop_at_accuracy=0.45, max_new_tokens=8, seed=0),
     ),
     "sort_scratchpad": Recipe(
         task="sort_digits",
         task_kwargs={"min_length": 3, "max_length": 6, "scratchpad": True},
-        sft=SFTConfig(max_steps=3000, eval_every=25, stop_at_accuracy=0.45, max_new_tokens=40, seed=0),
+        sft=SFTConfig(max_steps=3000, eval_every=25, stop_at_accuracy=0.35, max_new_tokens=40, seed=0),
     ),
     "constraint_string": Recipe(
         task="constraint_string",
-        sft=SFTConfig(max_steps=3000, eval_every=50, stop_at_accuracy=0.45, max_new_tokens=16, seed=0),
+        sft=SFTConfig(max_steps=3000, eval_every=50, stop_at_accuracy=0.35, max_new_tokens=16, seed=0),
     ),
 }
 
@@ -89,40 +101,105 @@ def load_base_policy(name: str, device=None):
 
 
 def load_manifest(name: str) -> dict:
-    """What was recorded when checkpoint ``name`` was built: recipe, steps, accuracies, file hashes."""
+    """What was recorded when checkpoint ``name`` was built: recipe, steps, losses, accuracies, file hashes."""
     return json.loads((checkpoint_dir(name) / MANIFEST).read_text())
+
+
+def train_base_policy(recipe: Recipe, max_steps: int | None = None):
+    """Train ``recipe`` from scratch on one CPU thread; returns ``(model, tokenizer, history)``.
+
+    ``max_steps`` cuts the run short (no stop rule) for the cheap loss-head check.
+    """
+    config = recipe.sft
+    if max_steps is not None:
+        config = dataclasses.replace(config, max_steps=max_steps, stop_at_accuracy=None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # float reductions in a fixed order: the same bytes on every run on this CPU
+    try:
+        tokenizer = build_tokenizer()
+        model = build_model(recipe.size, arch=recipe.arch, seed=recipe.model_seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            history = train_sft(model, tokenizer, recipe.make_task(), config)
+    finally:
+        torch.set_num_threads(threads)
+    return model, tokenizer, history
+
+
+def sft_loss_head(recipe: Recipe, steps: int = LOSS_HEAD_STEPS) -> list[float]:
+    """The first ``steps`` SFT losses of a fresh run of ``recipe`` (a few seconds)."""
+    return train_base_policy(recipe, max_steps=steps)[2].losses
+
+
+def loss_head_mismatches(losses, recorded, rtol: float = LOSS_HEAD_RTOL) -> list[int]:
+    """The steps (1-based) where ``losses`` and ``recorded`` differ by more than ``rtol`` relative (or in count)."""
+    if len(losses) != len(recorded):
+        return list(range(1, max(len(losses), len(recorded)) + 1))
+    return [step for step, (a, b) in enumerate(zip(losses, recorded), start=1)
+            if not np.isclose(a, b, rtol=rtol, atol=0.0)]
+
+
+def reached_target(history: SFTHistory, config: SFTConfig) -> bool:
+    """True when the run stopped by its rule: its last ``stop_patience`` evaluations reach ``stop_at_accuracy``."""
+    recent = history.eval_accuracy[-config.stop_patience:]
+    return (config.stop_at_accuracy is not None and len(recent) == config.stop_patience
+            and min(recent) >= config.stop_at_accuracy)
 
 
 def build_checkpoint(name: str, out_dir: str | Path) -> dict:
     """Train base policy ``name`` from its recipe and save it in ``out_dir``; returns the manifest it writes."""
     recipe = RECIPES[name]
     out_dir = Path(out_dir)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # float reductions in a fixed order: the same bytes on every run
-    try:
-        tokenizer = build_tokenizer()
-        model = build_model(recipe.size, arch=recipe.arch, seed=recipe.model_seed)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(recipe.sft.seed)
-            history = train_sft(model, tokenizer, recipe.make_task(), recipe.sft)
-            final_accuracy = final_sampled_accuracy(recipe, model, tokenizer)
-    finally:
-        torch.set_num_threads(threads)
+    model, tokenizer, history = train_base_policy(recipe)
     save_policy(model, tokenizer, out_dir)
     manifest = {
         "name": name,
         "recipe": asdict(recipe),
         "parameters": count_parameters(model),
         "sft_steps": history.steps,
+        "targets": {"stop_at_accuracy": recipe.sft.stop_at_accuracy, "stop_patience": recipe.sft.stop_patience,
+                    "accuracy_band": list(recipe.accuracy_band), "loss_head_rtol": LOSS_HEAD_RTOL},
+        "reached_target": reached_target(history, recipe.sft),
+        "sft_loss_head": history.losses[:LOSS_HEAD_STEPS],
         "sft_final_loss": history.losses[-1],
         "eval_steps": history.eval_steps,
         "eval_accuracy": history.eval_accuracy,
-        "final_sampled_accuracy": final_accuracy,
+        "final_sampled_accuracy": final_sampled_accuracy(recipe, model, tokenizer),
         "versions": {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__},
-        "sha256": file_hashes(out_dir),
+        "sha256": file_hashes(out_dir),  # integrity of the shipped files (a rebuild on another CPU differs)
     }
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def check_shipped(name: str) -> list[str]:
+    """What is wrong with the shipped files of ``name``: hashes, or a recorded accuracy they no longer reach."""
+    manifest, problems = load_manifest(name), []
+    if file_hashes(checkpoint_dir(name)) != manifest["sha256"]:
+        problems.append("shipped files differ from their manifest's sha256")
+    accuracy = final_sampled_accuracy(RECIPES[name], *load_base_policy(name))
+    if not np.isclose(accuracy, manifest["final_sampled_accuracy"], rtol=0.0, atol=RECORDED_ACCURACY_ATOL):
+        problems.append(f"shipped accuracy {accuracy:.3f} is not the recorded {manifest['final_sampled_accuracy']:.3f}")
+    return problems
+
+
+def check_rebuild(name: str) -> tuple[list[str], dict]:
+    """Retrain ``name`` in memory and check it against its recipe and manifest; returns ``(problems, measured)``."""
+    recipe, manifest = RECIPES[name], load_manifest(name)
+    model, tokenizer, history = train_base_policy(recipe)
+    accuracy = final_sampled_accuracy(recipe, model, tokenizer)
+    problems = []
+    mismatches = loss_head_mismatches(history.losses[:LOSS_HEAD_STEPS], manifest["sft_loss_head"])
+    if mismatches:
+        problems.append(f"SFT losses differ from the manifest by more than {LOSS_HEAD_RTOL:g} relative at steps "
+                        f"{mismatches[:5]}{' ...' if len(mismatches) > 5 else ''}")
+    if not reached_target(history, recipe.sft):
+        problems.append(f"never reached accuracy {recipe.sft.stop_at_accuracy} at {recipe.sft.stop_patience} "
+                        f"evaluations in a row within {recipe.sft.max_steps} steps")
+    low, high = recipe.accuracy_band
+    if not low <= accuracy <= high:
+        problems.append(f"final sampled accuracy {accuracy:.3f} is outside the band [{low}, {high}]")
+    return problems, {"sft_steps": history.steps, "final_sampled_accuracy": accuracy}
 
 
 def file_hashes(folder: str | Path) -> dict[str, str]:
