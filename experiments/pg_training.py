@@ -11,6 +11,7 @@ the training reward and gradient norm of every step.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 from pathlib import Path
@@ -26,10 +27,11 @@ SETTINGS = dict(num_generations=8, per_device_train_batch_size=64, learning_rate
                 eval_every=25, eval_size=512)
 
 
-def train_one(name: str, seed: int, policy: str = "arithmetic", **settings) -> dict:
-    """One run of preset ``name``: its held-out accuracy curve and per-step training metrics."""
+def train_one(name: str, seed: int, base, policy: str = "arithmetic", **settings) -> dict:
+    """One run of preset ``name`` from a copy of ``base = (model, tokenizer)``: its held-out accuracy curve and
+    per-step training metrics."""
     torch.set_num_threads(1)
-    model, tokenizer = load_base_policy(policy)
+    model, tokenizer = copy.deepcopy(base[0]), base[1]
     recipe = RECIPES[policy]
     config = preset(name, max_completion_length=recipe.sft.max_new_tokens, seed=seed, **{**SETTINGS, **settings})
     trainer = Trainer(model, tokenizer, recipe.make_task(), config)
@@ -41,10 +43,11 @@ def train_one(name: str, seed: int, policy: str = "arithmetic", **settings) -> d
 
 
 def run(presets=PRESETS, seeds=(0, 1, 2, 3, 4), policy="arithmetic", **settings) -> dict:
+    base = load_base_policy(policy)  # loaded once: every run starts from the same weights
     out = {"policy": policy, "checkpoint_sha256": load_manifest(policy)["sha256"]["model.safetensors"],
            "settings": {**SETTINGS, **settings}, "seeds": list(seeds), "runs": {}}
     for name in presets:
-        out["runs"][name] = [train_one(name, seed, policy, **settings) for seed in seeds]
+        out["runs"][name] = [train_one(name, seed, base, policy, **settings) for seed in seeds]
     return out
 
 
