@@ -334,3 +334,19 @@ def test_group_advantages_bad_input(call, match):
 
     with pytest.raises(ValueError, match=match):
         call(group_advantages, leave_one_out_advantages)
+
+
+def test_group_advantages_with_a_keep_mask_use_only_the_kept_completions():
+    from rlbook.objectives import group_advantages
+
+    rewards = torch.tensor([0.2, 0.8, 0.4, 0.6, 9.0, 0.0, 1.0, 5.0], dtype=torch.float64)
+    keep = torch.tensor([1, 1, 1, 1, 0, 1, 1, 0], dtype=torch.bool)
+    adv = group_advantages(rewards, 4, keep_mask=keep)
+    torch.testing.assert_close(adv[:4], group_advantages(rewards[:4], 4))  # a fully kept group is unchanged
+    kept = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    torch.testing.assert_close(adv[[5, 6]], (kept - 0.5) / (kept.std() + 1e-4))
+    assert adv[4] == 0 and adv[7] == 0
+    one_kept = group_advantages(rewards, 4, keep_mask=torch.tensor([1, 0, 0, 0, 0, 0, 0, 0], dtype=torch.bool))
+    assert torch.all(one_kept == 0), "a single kept completion (or none) has no baseline to beat"
+    with pytest.raises(ValueError, match="keep_mask must have"):
+        group_advantages(rewards, 4, keep_mask=keep[:4])

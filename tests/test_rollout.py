@@ -428,3 +428,25 @@ def test_on_cuda_bf16_autocast(tokenizer):
     gap = (again - batch.logprobs).abs().max().item()
     print(f"bf16 autocast: max |sampled - recomputed| log-prob = {gap:.2e}")
     assert again.dtype == torch.float32 and gap < 0.1
+
+
+def test_select_groups_and_concat_rollouts_keep_groups_whole(tokenizer):
+    from rlbook.rollout import concat_rollouts
+
+    model = build_model("tiny", seed=0)
+    a = generate_rollouts(model, tokenizer, ["1+2=", "33+44="], num_generations=3, max_new_tokens=5, seed=0)
+    b = generate_rollouts(model, tokenizer, ["7="], num_generations=3, max_new_tokens=9, seed=1)
+    picked = a.select_groups([1])
+    assert picked.prompts == ["33+44="] and len(picked) == 3
+    assert torch.equal(picked.completion_ids, a.completion_ids[3:6])
+    both = concat_rollouts([picked, b], tokenizer.pad_token_id)
+    assert both.prompts == ["33+44=", "7="] and len(both) == 6 and both.num_prompts == 2
+    assert both.completion_ids.shape[1] == max(a.completion_ids.shape[1], b.completion_ids.shape[1])
+    # every row decodes to the same text, and its log-probs recompute the same, after re-padding
+    assert both.decode_completions(tokenizer) == picked.decode_completions(tokenizer) + b.decode_completions(tokenizer)
+    recomputed = sequence_logprobs(model, both.input_ids, both.attention_mask, both.completion_mask)
+    torch.testing.assert_close(recomputed, both.logprobs, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="group indices"):
+        a.select_groups([2])
+    with pytest.raises(ValueError, match="at least one batch"):
+        concat_rollouts([], tokenizer.pad_token_id)

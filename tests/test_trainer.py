@@ -35,7 +35,8 @@ def weights(model):
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_runs_and_reports_finite_metrics(name):
-    trainer = make_trainer(name, max_steps=2, eval_every=2)
+    # the untrained model rarely ends within 4 tokens: keep truncated completions in the loss for this check
+    trainer = make_trainer(name, max_steps=2, eval_every=2, mask_truncated_completions=False)
     history = trainer.train(progress=False)
     assert [m["step"] for m in history] == [1, 2]
     last = history[-1]
@@ -142,6 +143,66 @@ def test_config_errors(kwargs, match):
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown preset"):
         preset("trpo")
+
+
+# --- DAPO's techniques ----------------------------------------------------------------------------------------
+
+
+def test_dynamic_sampling_drops_groups_with_equal_rewards_and_refills_the_batch():
+    def some_groups_flat(examples, completions, truncated):
+        # prompts whose first operand is even give every completion the same reward: no signal
+        return np.array([0.0 if int(e.prompt[0]) % 2 == 0 else float(len(c)) for e, c in zip(examples, completions)])
+
+    task = get_task("arithmetic", num_digits=1)
+    config = preset("dapo", **{**SMALL, "per_device_train_batch_size": 16}, max_num_gen_batches=6)
+    trainer = Trainer(build_model("tiny", seed=0), build_tokenizer(), task, config, reward_fn=some_groups_flat)
+    batch, examples, rewards, metrics = trainer._sample_groups()
+    assert len(examples) == config.num_prompts == 4 and len(batch) == 16
+    assert np.all(rewards.reshape(-1, 4).std(-1) > 0), "no zero-variance group while rounds are left"
+    assert all(int(e.prompt[0]) % 2 == 1 for e in examples)
+    assert batch.prompts == [e.prompt for e in examples]
+    assert metrics["gen_rounds"] >= 2 and metrics["num_groups"] == 4 and 0 < metrics["frac_reward_zero_std"] < 1
+
+
+def test_dynamic_sampling_with_no_informative_group_trains_on_the_first_round():
+    trainer = make_trainer("dapo", max_num_gen_batches=2, mask_truncated_completions=False)
+    trainer.reward_fn = lambda examples, completions, truncated: np.zeros(len(completions))
+    metrics = trainer.train_step()
+    assert metrics["gen_rounds"] == 2 and metrics["num_groups"] == 0 and metrics["frac_reward_zero_std"] == 1.0
+
+
+def test_overlong_filtering_and_the_soft_overlong_punishment():
+    from rlbook.tasks.shaping import soft_overlong_penalty
+
+    # an untrained model runs most completions to the 4-token budget
+    trainer = make_trainer("dapo", dynamic_sampling=False, overlong_buffer_length=2)
+    trainer.reward_fn = lambda examples, completions, truncated: np.zeros(len(completions))
+    seen = {}
+    score = trainer._score
+
+    def spy(batch, rewards):
+        seen["batch"], seen["rewards"], seen["rollout"] = batch, rewards, score(batch, rewards)
+        return seen["rollout"]
+
+    trainer._score = spy
+    metrics = trainer.train_step()
+    batch, rollout = seen["batch"], seen["rollout"]
+    expected = soft_overlong_penalty(batch.lengths.numpy(), 4, 2)
+    np.testing.assert_allclose(seen["rewards"].numpy(), expected, rtol=0, atol=1e-7)
+    assert metrics["reward"] == pytest.approx(expected.mean())
+    assert 0 < metrics["truncated_frac"] < 1, "the check needs both kinds of completion"
+    truncated = batch.truncated
+    assert torch.all(rollout["loss_mask"][truncated] == 0), "cut-off completions get no loss"
+    assert torch.equal(rollout["loss_mask"][~truncated].bool(), rollout["mask"][~truncated].bool())
+
+
+def test_dapo_preset_follows_the_paper_and_scales_its_buffer():
+    config = preset("dapo", max_completion_length=16)
+    assert (config.epsilon, config.epsilon_high, config.beta, config.loss_type) == (0.2, 0.28, 0.0, "dapo")
+    assert config.dynamic_sampling and config.mask_truncated_completions and config.overlong_buffer_length == 4
+    assert preset("dapo", overlong_buffer_length=None).overlong_buffer_length is None
+    with pytest.raises(ValueError, match="overlong_buffer_length must lie in"):
+        RLConfig(max_completion_length=8, overlong_buffer_length=9)
 
 
 # --- the value model ------------------------------------------------------------------------------------------

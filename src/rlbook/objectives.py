@@ -123,6 +123,7 @@ def group_advantages(
     num_generations: int,
     scale_rewards: str = "group",
     eps: float = 1e-4,
+    keep_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Advantages from a group baseline: rewards (N·G,) in contiguous groups of ``num_generations`` → (N·G,).
 
@@ -130,20 +131,33 @@ def group_advantages(
     - ``"batch"``: group mean, but the std of the whole batch;
     - ``"none"`` (Dr. GRPO, and REINFORCE with a group-mean baseline): r − group mean.
 
-    A group whose rewards are all equal gets advantage 0 (never NaN): it carries no signal about which
-    completion is better.
+    ``keep_mask`` (N·G,) bool (GFPO's filtering): means and stds over the kept completions only, and advantage 0
+    for the others. A group whose (kept) rewards are all equal gets advantage 0, never NaN: it carries no signal
+    about which completion is better.
     """
     G = _check_groups(rewards, num_generations)
     if scale_rewards not in ("group", "batch", "none"):
         raise ValueError(f"unknown scale_rewards {scale_rewards!r}; choose 'group', 'batch' or 'none'")
     if scale_rewards != "none" and G < 2:
         raise ValueError(f"scale_rewards={scale_rewards!r} needs num_generations >= 2 for a standard deviation, got {G}")
-    groups = rewards.view(-1, G)
-    centred = (groups - groups.mean(-1, keepdim=True)).flatten()
+    if keep_mask is None:
+        keep = torch.ones_like(rewards)
+    else:
+        if keep_mask.shape != rewards.shape:
+            raise ValueError(f"keep_mask must have the rewards' shape {tuple(rewards.shape)}, got {tuple(keep_mask.shape)}")
+        keep = keep_mask.to(rewards.dtype)
+    groups, kept = rewards.view(-1, G), keep.view(-1, G)
+    count = kept.sum(-1, keepdim=True)
+    mean = (groups * kept).sum(-1, keepdim=True) / count.clamp(min=1)
+    centred = (groups - mean) * kept
     if scale_rewards == "none":
-        return centred
-    std = groups.std(-1, keepdim=True).expand_as(groups).flatten() if scale_rewards == "group" else rewards.std()
-    return centred / (std + eps)
+        return centred.flatten()
+    if scale_rewards == "group":
+        std = ((centred**2).sum(-1, keepdim=True) / (count - 1).clamp(min=1)).sqrt()
+    else:
+        batch_mean = (rewards * keep).sum() / keep.sum().clamp(min=1)
+        std = (((rewards - batch_mean) * keep) ** 2).sum().div((keep.sum() - 1).clamp(min=1)).sqrt()
+    return (centred / (std + eps)).flatten()
 
 
 def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:

@@ -98,6 +98,45 @@ class RolloutBatch:
         moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
         return RolloutBatch(**moved)
 
+    def select_groups(self, groups) -> RolloutBatch:
+        """The batch of the prompts ``groups`` (indices into ``prompts``), each with all its G completions."""
+        groups = torch.as_tensor(groups, dtype=torch.long).reshape(-1)
+        if groups.numel() and not (0 <= int(groups.min()) and int(groups.max()) < self.num_prompts):
+            raise ValueError(f"group indices must lie in [0, {self.num_prompts}), got {groups.tolist()}")
+        G = self.num_generations
+        rows = (groups[:, None] * G + torch.arange(G)).reshape(-1).to(self.completion_ids.device)
+        picked = {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
+        picked["prompts"] = [self.prompts[i] for i in groups.tolist()]
+        return RolloutBatch(**picked)
+
+
+def concat_rollouts(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBatch:
+    """One :class:`RolloutBatch` from several with the same G and temperature (e.g. dynamic sampling's extra
+    rounds): prompts left-padded and completions right-padded to the widest, groups kept whole and in order."""
+    if not batches:
+        raise ValueError("concat_rollouts needs at least one batch")
+    if len({(b.num_generations, b.temperature) for b in batches}) != 1:
+        raise ValueError("batches to concatenate must share num_generations and temperature")
+    P = max(b.prompt_ids.shape[1] for b in batches)
+    T = max(b.completion_ids.shape[1] for b in batches)
+
+    def pad(x, width, value, left):
+        extra = width - x.shape[1]
+        return F.pad(x, (extra, 0) if left else (0, extra), value=value)
+
+    return RolloutBatch(
+        prompt_ids=torch.cat([pad(b.prompt_ids, P, pad_token_id, True) for b in batches]),
+        prompt_mask=torch.cat([pad(b.prompt_mask, P, 0, True) for b in batches]),
+        completion_ids=torch.cat([pad(b.completion_ids, T, pad_token_id, False) for b in batches]),
+        completion_mask=torch.cat([pad(b.completion_mask, T, 0, False) for b in batches]),
+        logprobs=torch.cat([pad(b.logprobs, T, 0.0, False) for b in batches]),
+        lengths=torch.cat([b.lengths for b in batches]),
+        truncated=torch.cat([b.truncated for b in batches]),
+        num_generations=batches[0].num_generations,
+        temperature=batches[0].temperature,
+        prompts=[p for b in batches for p in b.prompts],
+    )
+
 
 @torch.no_grad()  # not inference_mode: the tensors we return are used as inputs of a training forward pass later
 def generate_rollouts(

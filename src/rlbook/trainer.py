@@ -43,9 +43,10 @@ from rlbook.objectives import (
     policy_loss,
     value_loss,
 )
-from rlbook.rollout import RolloutBatch, generate_rollouts, sequence_logprobs
+from rlbook.rollout import RolloutBatch, concat_rollouts, generate_rollouts, sequence_logprobs
 from rlbook.sft import sampled_accuracy
 from rlbook.tasks import Task
+from rlbook.tasks.shaping import soft_overlong_penalty
 
 ADVANTAGE_ESTIMATORS = ("reinforce", "group_mean", "rloo", "grpo", "gae")
 
@@ -74,6 +75,11 @@ class RLConfig:
     epsilon: float = 0.2
     epsilon_high: float | None = None
     beta: float = 0.0  # KL to the reference: in the loss (k3), or in the reward (k1) for "gae"
+    # DAPO's techniques (each off by default)
+    mask_truncated_completions: bool = False  # overlong filtering: no loss on completions cut at the budget
+    overlong_buffer_length: int | None = None  # soft overlong punishment: L_cache of the ramp before the budget
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal and sample new ones in their place
+    max_num_gen_batches: int = 4  # dynamic sampling: generation rounds per step at most (the first included)
     # PPO (advantage_estimator="gae")
     gamma: float = 1.0
     lam: float = 0.95
@@ -92,7 +98,7 @@ class RLConfig:
             self.steps_per_generation = self.gradient_accumulation_steps
         for name in ("num_generations", "max_completion_length", "per_device_train_batch_size",
                      "gradient_accumulation_steps", "steps_per_generation", "num_iterations", "max_steps",
-                     "eval_size"):
+                     "eval_size", "max_num_gen_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
@@ -116,6 +122,11 @@ class RLConfig:
             raise ValueError(f"epsilon and epsilon_high must be positive, got {self.epsilon} and {self.epsilon_high}")
         if self.beta < 0:
             raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if self.overlong_buffer_length is not None and not 1 <= self.overlong_buffer_length <= self.max_completion_length:
+            raise ValueError(f"overlong_buffer_length must lie in [1, max_completion_length = "
+                             f"{self.max_completion_length}], got {self.overlong_buffer_length}")
+        if self.dynamic_sampling and self.num_generations < 2:
+            raise ValueError("dynamic_sampling needs num_generations >= 2 (a group of one always has equal rewards)")
 
     @property
     def generation_batch_size(self) -> int:
@@ -138,6 +149,15 @@ PRESETS: dict[str, dict] = {
     # value clip 0.2, whitened advantages, token-mean loss.
     "ppo": dict(advantage_estimator="gae", loss_type="bnpo", num_iterations=4, gamma=1.0, lam=0.95, vf_coef=0.1,
                 cliprange_value=0.2, whiten_advantages=True),
+    # GRPO as in DeepSeekMath: group z-scores, per-completion token means averaged over the group, k3 KL in the
+    # loss with beta 0.04, one update per rollout. TRL's GRPOConfig defaults differ: loss_type "dapo", beta 0.
+    "grpo": dict(advantage_estimator="grpo", scale_rewards="group", loss_type="grpo", beta=0.04, epsilon=0.2),
+    # Dr. GRPO: no std scaling, and a constant normaliser (B * max_completion_length) instead of |o_i|.
+    "dr_grpo": dict(advantage_estimator="grpo", scale_rewards="none", loss_type="dr_grpo", beta=0.0, epsilon=0.2),
+    # DAPO: clip-higher (0.2 / 0.28), token-level loss, no KL, dynamic sampling, overlong filtering and soft
+    # overlong punishment (the paper's buffer is 4,096 of 20,480 tokens; here a quarter of the budget).
+    "dapo": dict(advantage_estimator="grpo", scale_rewards="group", loss_type="dapo", beta=0.0, epsilon=0.2,
+                 epsilon_high=0.28, dynamic_sampling=True, mask_truncated_completions=True),
 }
 
 
@@ -145,7 +165,10 @@ def preset(name: str, **overrides) -> RLConfig:
     """An :class:`RLConfig` with the named algorithm's settings (see :data:`PRESETS`), then ``overrides``."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    return RLConfig(**{**PRESETS[name], **overrides})
+    settings = {**PRESETS[name], **overrides}
+    if name == "dapo" and "overlong_buffer_length" not in overrides:
+        settings["overlong_buffer_length"] = max(1, settings.get("max_completion_length", 16) // 4)
+    return RLConfig(**settings)
 
 
 class Trainer:
@@ -187,25 +210,16 @@ class Trainer:
 
     def train_step(self) -> dict:
         """Sample, score, compute advantages, update; returns this step's metrics."""
-        config, step = self.config, self.step
+        config = self.config
         timer = time.perf_counter()
-        examples = self.task.sample(config.num_prompts, seed=np.random.default_rng([config.seed, step]),
-                                    split="train")
-        with autocast(self.device):
-            batch = generate_rollouts(self.policy, self.tokenizer, [e.prompt for e in examples],
-                                      num_generations=config.num_generations,
-                                      max_new_tokens=config.max_completion_length,
-                                      temperature=config.temperature, seed=_seed(config.seed, step),
-                                      device=self.device)
-        time_generate = time.perf_counter() - timer
+        batch, examples, rewards, round_metrics = self._sample_groups()
+        time_generate = time.perf_counter() - timer - round_metrics.pop("time_score")
 
         timer = time.perf_counter()
-        repeated = [e for e in examples for _ in range(config.num_generations)]
-        rewards = np.asarray(self.reward_fn(repeated, batch.decode_completions(self.tokenizer),
-                                            batch.truncated.tolist()), dtype=np.float64)
-        if rewards.shape != (len(batch),) or not np.isfinite(rewards).all():
-            raise ValueError(f"the reward function must return {len(batch)} finite rewards, got shape "
-                             f"{rewards.shape} with {int((~np.isfinite(rewards)).sum())} non-finite")
+        task_rewards = rewards
+        if config.overlong_buffer_length is not None:  # DAPO's soft overlong punishment, added to the reward
+            rewards = rewards + soft_overlong_penalty(batch.lengths.cpu().numpy(), config.max_completion_length,
+                                                      config.overlong_buffer_length)
         rollout = self._score(batch, torch.as_tensor(rewards, dtype=torch.float32, device=self.device))
         time_score = time.perf_counter() - timer
 
@@ -214,13 +228,13 @@ class Trainer:
         time_update = time.perf_counter() - timer
 
         metrics = {
-            "step": step + 1,
+            "step": self.step + 1,
             "reward": float(rewards.mean()),
             "reward_std": float(rewards.std()),
-            "accuracy": float(np.mean(rewards == self.task.correct_reward)),
+            "accuracy": float(np.mean(task_rewards == self.task.correct_reward)),
             "completion_length": float(batch.lengths.float().mean()),
             "truncated_frac": float(batch.truncated.float().mean()),
-            "frac_reward_zero_std": float(np.mean(rewards.reshape(-1, config.num_generations).std(-1) == 0)),
+            **round_metrics,
             **rollout["metrics"],
             **update_metrics,
             "time_generate": time_generate,
@@ -236,12 +250,65 @@ class Trainer:
                 f.write(json.dumps(metrics) + "\n")
         return metrics
 
+    def _sample_groups(self):
+        """``(batch, examples, task rewards, metrics)`` for this step's ``num_prompts`` groups.
+
+        With ``dynamic_sampling`` (DAPO), groups whose rewards are all equal (all right or all wrong: their
+        advantages are 0, they teach nothing) are dropped and new prompts are sampled in their place, for at most
+        ``max_num_gen_batches`` rounds; if the rounds run out, the step trains on the groups it has (fewer, but
+        never an all-equal one unless no round found any other). ``frac_reward_zero_std`` is measured on the first
+        round, before any filtering.
+        """
+        config, G = self.config, self.config.num_generations
+        kept_batches, kept_examples, kept_rewards, time_score = [], [], [], 0.0
+        for round_ in range(config.max_num_gen_batches if config.dynamic_sampling else 1):
+            prompt_seed = [config.seed, self.step] + ([round_] if round_ else [])
+            examples = self.task.sample(config.num_prompts, split="train", seed=np.random.default_rng(prompt_seed))
+            with autocast(self.device):
+                batch = generate_rollouts(self.policy, self.tokenizer, [e.prompt for e in examples],
+                                          num_generations=G, max_new_tokens=config.max_completion_length,
+                                          temperature=config.temperature,
+                                          seed=_seed(config.seed, self.step, round_), device=self.device)
+            timer = time.perf_counter()
+            rewards = self._rewards(examples, batch)
+            time_score += time.perf_counter() - timer
+            informative = rewards.reshape(-1, G).std(-1) > 0
+            if round_ == 0:
+                first = (batch, examples, rewards)
+                metrics = {"frac_reward_zero_std": float(np.mean(~informative))}
+            if not config.dynamic_sampling:
+                break
+            keep = np.flatnonzero(informative)[: config.num_prompts - sum(len(e) for e in kept_examples)]
+            kept_batches.append(batch.select_groups(keep))
+            kept_examples.append([examples[i] for i in keep])
+            kept_rewards.append(rewards.reshape(-1, G)[keep].reshape(-1))
+            if sum(len(e) for e in kept_examples) == config.num_prompts:
+                break
+        metrics["time_score"] = time_score
+        if not config.dynamic_sampling or not sum(len(e) for e in kept_examples):
+            if config.dynamic_sampling:
+                metrics.update(gen_rounds=round_ + 1, num_groups=0)
+            return (*first, metrics)
+        metrics.update(gen_rounds=round_ + 1, num_groups=sum(len(e) for e in kept_examples))
+        batch = concat_rollouts([b for b in kept_batches if len(b)], self.tokenizer.pad_token_id)
+        return batch, [e for part in kept_examples for e in part], np.concatenate(kept_rewards), metrics
+
+    def _rewards(self, examples, batch: RolloutBatch) -> np.ndarray:
+        """The task's (or ``reward_fn``'s) reward of every completion, (B,) float64; non-finite rewards are an error."""
+        repeated = [e for e in examples for _ in range(self.config.num_generations)]
+        rewards = np.asarray(self.reward_fn(repeated, batch.decode_completions(self.tokenizer),
+                                            batch.truncated.tolist()), dtype=np.float64)
+        if rewards.shape != (len(batch),) or not np.isfinite(rewards).all():
+            raise ValueError(f"the reward function must return {len(batch)} finite rewards, got shape "
+                             f"{rewards.shape} with {int((~np.isfinite(rewards)).sum())} non-finite")
+        return rewards
+
     @torch.no_grad()
     def evaluate(self, examples=None) -> float:
         """Sampled accuracy (one completion each, at the training temperature) on held-out test problems."""
         examples = self._held_out if examples is None else examples
         accuracy = sampled_accuracy(self.policy, self.tokenizer, self.task, examples,
-                                    self.config.max_completion_length, seed=_seed(self.config.seed, -1))
+                                    self.config.max_completion_length, seed=_seed(self.config.seed, -1, 0))
         return accuracy
 
     # --- scoring: advantages and the old policy's numbers ---------------------------------------------------
@@ -252,6 +319,9 @@ class Trainer:
         mask = batch.completion_mask.float()
         input_ids, attention_mask = batch.input_ids, batch.attention_mask
         out = {"input_ids": input_ids, "attention_mask": attention_mask, "mask": mask, "metrics": {}}
+        # Overlong filtering (DAPO): a completion cut off at the budget gets no loss; its reward still counts in
+        # its group's mean and std.
+        out["loss_mask"] = mask * (~batch.truncated)[:, None] if config.mask_truncated_completions else mask
         with autocast(self.device):
             # The sampler's log-probs are the behaviour policy's; with several passes we recompute them with the
             # training forward pass, so that the first ratio is exactly 1 (as TRL does).
@@ -308,7 +378,7 @@ class Trainer:
             order = torch.randperm(B, generator=generator).to(self.device)
             for start in range(0, B, micro * accumulate):
                 rows_of_step = order[start : start + micro * accumulate]
-                tokens_of_step = rollout["mask"][rows_of_step].sum()  # dapo's num_items_in_batch
+                tokens_of_step = rollout["loss_mask"][rows_of_step].sum()  # dapo's num_items_in_batch
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro_start in range(0, len(rows_of_step), micro):
                     rows = rows_of_step[micro_start : micro_start + micro]
@@ -330,27 +400,30 @@ class Trainer:
 
     def _micro_batch_backward(self, rollout, rows, tokens_of_step, accumulate) -> dict:
         config = self.config
-        mask = rollout["mask"][rows]
+        mask, loss_mask = rollout["mask"][rows], rollout["loss_mask"][rows]
         input_ids, attention_mask = rollout["input_ids"][rows], rollout["attention_mask"][rows]
+        metrics, loss = {}, torch.zeros((), device=self.device)
         with autocast(self.device):
-            logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask, temperature=config.temperature)
-            kl_in_loss = config.beta if config.advantage_estimator != "gae" else 0.0
-            loss, metrics = policy_loss(
-                logp, rollout["old_logp"][rows], rollout["advantages"][rows], mask,
-                epsilon=config.epsilon, epsilon_high=config.epsilon_high, loss_type=config.loss_type,
-                max_completion_length=config.max_completion_length, num_items_in_batch=tokens_of_step,
-                beta=kl_in_loss, ref_logp=rollout["ref_logp"][rows] if kl_in_loss else None,
-            )
-            if config.loss_type != "dapo":  # dapo's denominator already counts the accumulated batch
-                loss = loss / accumulate
-            metrics["policy_loss"] = loss.item()
+            if bool(loss_mask.any()):  # else every completion here was cut off and filtered out
+                logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask, temperature=config.temperature)
+                kl_in_loss = config.beta if config.advantage_estimator != "gae" else 0.0
+                loss, metrics = policy_loss(
+                    logp, rollout["old_logp"][rows], rollout["advantages"][rows], loss_mask,
+                    epsilon=config.epsilon, epsilon_high=config.epsilon_high, loss_type=config.loss_type,
+                    max_completion_length=config.max_completion_length, num_items_in_batch=tokens_of_step,
+                    beta=kl_in_loss, ref_logp=rollout["ref_logp"][rows] if kl_in_loss else None,
+                )
+                if config.loss_type != "dapo":  # dapo's denominator already counts the accumulated batch
+                    loss = loss / accumulate
+                metrics["policy_loss"] = loss.item()
             if self.value_model is not None:
                 values = token_values(self.value_model, input_ids, attention_mask, mask)
                 v_loss = value_loss(values, rollout["old_values"][rows], rollout["returns"][rows], mask,
                                     config.cliprange_value)
                 loss = loss + config.vf_coef * v_loss / accumulate
                 metrics["value_loss"] = v_loss.item()
-        loss.backward()
+        if loss.requires_grad:
+            loss.backward()
         return metrics
 
     # --- saving and resuming --------------------------------------------------------------------------------
@@ -384,9 +457,9 @@ class Trainer:
         return self
 
 
-def _seed(seed: int, step: int) -> int:
-    """A distinct, reproducible seed for each (run seed, step)."""
-    return int(np.random.default_rng([seed, step + 1]).integers(2**62))
+def _seed(seed: int, step: int, round_: int = 0) -> int:
+    """A distinct, reproducible seed for each (run seed, step, generation round)."""
+    return int(np.random.default_rng([seed, step + 1, round_]).integers(2**62))
 
 
 def _frozen_copy(model):
