@@ -24,7 +24,7 @@ from rlbook.checkpoints import (
 from rlbook.checkpoints.__main__ import main as checkpoints_main
 from rlbook.lm import build_model, build_tokenizer
 from rlbook.rollout import encode_completions
-from rlbook.sft import SFTConfig, sft_loss, train_sft
+from rlbook.sft import SFTConfig, SFTHistory, reached_target, sft_loss, train_sft
 from rlbook.tasks import get_task
 
 
@@ -70,6 +70,14 @@ def test_train_sft_stops_after_patience_passing_evaluations():
     assert passed[-2:] == [True, True], "stops only after two passing evaluations in a row"
     assert not any(a and b for a, b in zip(passed[:-2], passed[1:-1])), "and at the first such pair"
     assert history.steps == history.eval_steps[-1] < 400
+
+
+def test_reached_target_needs_patience_passing_evaluations_in_a_row():
+    config = SFTConfig(stop_at_accuracy=0.5, stop_patience=2)
+    assert reached_target(SFTHistory(eval_accuracy=[0.6, 0.4, 0.5, 0.7]), config)
+    assert not reached_target(SFTHistory(eval_accuracy=[0.6, 0.4, 0.5]), config)
+    assert not reached_target(SFTHistory(eval_accuracy=[0.9]), config)
+    assert not reached_target(SFTHistory(eval_accuracy=[0.9, 0.9]), SFTConfig())  # no target: never stops
 
 
 def test_train_sft_trains_on_train_problems_only(monkeypatch):

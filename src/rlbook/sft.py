@@ -72,6 +72,13 @@ class SFTHistory:
         return len(self.losses)
 
 
+def reached_target(history: SFTHistory, config: SFTConfig) -> bool:
+    """The stop rule: the last ``stop_patience`` evaluations all reach ``stop_at_accuracy`` (never, if it is None)."""
+    recent = history.eval_accuracy[-config.stop_patience:]
+    return (config.stop_at_accuracy is not None and len(recent) == config.stop_patience
+            and min(recent) >= config.stop_at_accuracy)
+
+
 @torch.no_grad()
 def sampled_accuracy(model, tokenizer, task: Task, examples, max_new_tokens: int, seed: int) -> float:
     """Fraction of ``examples`` answered correctly by one sample each at temperature 1 (the RL behaviour policy)."""
@@ -119,9 +126,7 @@ def train_sft(model, tokenizer, task: Task, config: SFTConfig | None = None) -> 
             model.train()
             history.eval_steps.append(step)
             history.eval_accuracy.append(accuracy)
-            recent = history.eval_accuracy[-config.stop_patience:]
-            target = config.stop_at_accuracy
-            if target is not None and len(recent) == config.stop_patience and min(recent) >= target:
+            if reached_target(history, config):
                 break
     model.eval()
     return history

@@ -33,7 +33,7 @@ import torch
 import transformers
 
 from rlbook.lm import build_model, build_tokenizer, count_parameters, load_policy, save_policy
-from rlbook.sft import SFTConfig, SFTHistory, sampled_accuracy, train_sft
+from rlbook.sft import SFTConfig, reached_target, sampled_accuracy, train_sft
 from rlbook.tasks import get_task
 
 MANIFEST = "manifest.json"
@@ -137,13 +137,6 @@ def loss_head_mismatches(losses, recorded, rtol: float = LOSS_HEAD_RTOL) -> list
         return list(range(1, max(len(losses), len(recorded)) + 1))
     return [step for step, (a, b) in enumerate(zip(losses, recorded), start=1)
             if not np.isclose(a, b, rtol=rtol, atol=0.0)]
-
-
-def reached_target(history: SFTHistory, config: SFTConfig) -> bool:
-    """True when the run stopped by its rule: its last ``stop_patience`` evaluations reach ``stop_at_accuracy``."""
-    recent = history.eval_accuracy[-config.stop_patience:]
-    return (config.stop_at_accuracy is not None and len(recent) == config.stop_patience
-            and min(recent) >= config.stop_at_accuracy)
 
 
 def build_checkpoint(name: str, out_dir: str | Path) -> dict:
