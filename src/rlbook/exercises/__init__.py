@@ -8,6 +8,7 @@ raises ``AssertionError`` with the first disagreement, and prints ``ok`` when al
 """
 
 from rlbook.exercises._compare import assert_close
+from rlbook.exercises.drgrpo import check_token_weights
 from rlbook.exercises.lm import (
     check_completion_mask_from_ids,
     check_entropy_at_temperature,
@@ -38,4 +39,5 @@ __all__ = [
     "check_mean_token_logprob",
     "check_q_value_iteration_step",
     "check_sequence_logprob",
+    "check_token_weights",
 ]
