@@ -9,6 +9,7 @@ raises ``AssertionError`` with the first disagreement, and prints ``ok`` when al
 
 from rlbook.exercises._compare import assert_close
 from rlbook.exercises.drgrpo import check_token_weights
+from rlbook.exercises.dapo import check_informative_groups, check_soft_overlong_penalty
 from rlbook.exercises.lm import (
     check_completion_mask_from_ids,
     check_entropy_at_temperature,
@@ -34,10 +35,12 @@ __all__ = [
     "check_entropy_at_temperature",
     "check_expected_sarsa_update",
     "check_gae_loop",
+    "check_informative_groups",
     "check_iterative_policy_evaluation",
     "check_leave_one_out_advantages",
     "check_mean_token_logprob",
     "check_q_value_iteration_step",
     "check_sequence_logprob",
+    "check_soft_overlong_penalty",
     "check_token_weights",
 ]
