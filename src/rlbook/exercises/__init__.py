@@ -21,6 +21,7 @@ from rlbook.exercises.mdp import (
     check_iterative_policy_evaluation,
     check_q_value_iteration_step,
 )
+from rlbook.exercises.grpo import check_grpo_advantages
 from rlbook.exercises.ppo import check_clipped_objective, check_gae_loop
 from rlbook.exercises.pg import check_discounted_pg_weights, check_leave_one_out_advantages
 from rlbook.exercises.q_learning import check_double_q_learning_update, check_expected_sarsa_update
@@ -35,6 +36,7 @@ __all__ = [
     "check_entropy_at_temperature",
     "check_expected_sarsa_update",
     "check_gae_loop",
+    "check_grpo_advantages",
     "check_informative_groups",
     "check_iterative_policy_evaluation",
     "check_leave_one_out_advantages",

@@ -1,0 +1,83 @@
+"""Exercises of the chapter "GRPO": the group-normalised advantage.
+
+Each ``check_<name>(fn)`` runs the reader's ``fn`` and the reference on the same random torch tensors (seeded, so
+a failure is reproducible), raises ``AssertionError`` at the first disagreement with the inputs that caused it,
+and prints ``ok`` when everything agrees.
+
+- :func:`check_grpo_advantages`: ``fn(rewards, num_generations) -> (N*G,)``, GRPO's advantage
+  ``(r_i - mean) / (std + 1e-4)`` inside each contiguous group of ``num_generations`` completions, with the
+  *sample* standard deviation (divide by G - 1, as ``torch.std``, TRL and verl do). A group whose rewards are all
+  equal must get advantage 0, never NaN. The usual mistakes are the population std (erratum E8) and a division
+  without the small constant, which gives 0/0 on such a group (erratum E11).
+
+torch is imported inside the functions, so that ``import rlbook.exercises`` stays light for the tabular chapters.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from rlbook.exercises._compare import call_reader
+from rlbook.exercises.pg import _as_tensor, _compare
+
+if TYPE_CHECKING:
+    import torch
+
+_SEED = 20240612
+NUM_TRIALS = 200
+EPS = 1e-4
+
+
+def reference_grpo_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """(N*G,) ``(r_i - mean_G) / (std_G + 1e-4)`` per contiguous group, std with G - 1 in the denominator."""
+    groups = rewards.double().view(-1, num_generations)
+    centred = groups - groups.mean(-1, keepdim=True)
+    std = (centred.pow(2).sum(-1, keepdim=True) / (num_generations - 1)).sqrt()
+    return (centred / (std + EPS)).flatten().to(rewards.dtype)
+
+
+def _random_groups(rng: np.random.Generator) -> tuple[torch.Tensor, int]:
+    """(N*G,) float32 rewards in N contiguous groups of G >= 2: 0/1 rewards (with all-equal groups), or reals."""
+    import torch
+
+    N, G = int(rng.integers(1, 5)), int(rng.integers(2, 9))
+    kind = rng.random()
+    if kind < 0.4:
+        rewards = rng.integers(0, 2, size=N * G).astype(float)
+    elif kind < 0.55:  # every group all-equal: the case that needs the small constant
+        rewards = np.repeat(rng.integers(0, 2, size=N).astype(float), G)
+    else:
+        rewards = rng.normal(0.0, 2.0, size=N * G)
+    return torch.as_tensor(rewards, dtype=torch.float32), G
+
+
+def check_grpo_advantages(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
+    """Compare ``fn(rewards, num_generations) -> (N*G,)`` with GRPO's group-normalised advantage on random groups."""
+    rng = np.random.default_rng(seed)
+    for trial in range(num_trials):
+        rewards, G = _random_groups(rng)
+        original = rewards.clone()
+        inputs = f"  inputs of trial {trial} (seed {seed}): num_generations={G}, rewards = {rewards.tolist()}"
+        got = _as_tensor(call_reader(fn, (rewards, G), inputs), "a (N*G,) float tensor", inputs)
+        if not rewards.equal(original):
+            raise AssertionError(f"your function changed rewards in place; work on a copy\n{inputs}")
+        expected = reference_grpo_advantages(original, G)
+        if got.shape == expected.shape and not bool(got.isfinite().all()):
+            raise AssertionError("your advantages contain NaN or inf: a group whose rewards are all equal has std 0, "
+                                 f"so divide by (std + 1e-4), as in erratum E11\n{inputs}")
+        hint = ""
+        if got.shape == expected.shape:
+            groups = original.double().view(-1, G)
+            centred = groups - groups.mean(-1, keepdim=True)
+            population = (centred / (groups.std(-1, unbiased=False, keepdim=True) + EPS)).flatten()
+            with np.errstate(invalid="ignore", divide="ignore"):
+                bare = (centred / groups.std(-1, keepdim=True)).flatten()
+            if np.allclose(got.double().numpy(), population.numpy(), atol=1e-4, rtol=1e-4):
+                hint = (" (you divided by the population std, 1/G inside the square root; GRPO's code uses the "
+                        "sample std, 1/(G - 1): see erratum E8)")
+            elif np.allclose(got.double().numpy(), bare.numpy(), atol=1e-6, rtol=1e-6, equal_nan=True):
+                hint = " (you divided by the std alone; the code divides by (std + 1e-4): see erratum E11)"
+        _compare(got, expected, "GRPO advantage", inputs, hint)
+    print("ok")
