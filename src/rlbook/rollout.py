@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from rlbook.lm import lean
 from rlbook.lm.device import resolve_device
 from rlbook.lm.tokenizer import check_tokenizer
 
@@ -203,17 +204,26 @@ def generate_rollouts(
     completion_mask = torch.zeros((B, T), dtype=torch.long, device=device)
     logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)  # has the row emitted EOS yet?
-    cache = DynamicCache(config=model.config)
+    # Llama/Qwen2 run through rlbook.lm.lean (the same function over the same weights, without the per-call
+    # overhead of the Hugging Face modules, which dominates at these sizes); any other model through its forward.
+    use_lean = lean.supports(model)
+    cache = lean.LeanCache() if use_lean else DynamicCache(config=model.config)
     cache_kwarg = _cache_kwarg(model)
+    head = model.get_output_embeddings()
+
+    def next_token_logits(input_ids, attention_mask, position_ids):  # (b, V): logits at the last position
+        if use_lean:
+            return head(lean.hidden_states(model, input_ids, attention_mask, position_ids, cache)[:, -1])
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+                    logits_to_keep=1, **{cache_kwarg: cache})
+        return out.logits[:, -1]
 
     was_training = model.training
     model.eval()
     try:
         # 2. Prefill: position ids 0, 1, 2, ... over the real tokens (padding gets 0; it is masked anyway).
         position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids,
-                    use_cache=True, logits_to_keep=1, **{cache_kwarg: cache})
-        next_logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # (B, V): the first completion token
+        next_logits = next_token_logits(prompt_ids, prompt_mask, position_ids).repeat_interleave(G, dim=0)  # (B, V)
         cache.batch_repeat_interleave(G)
         prompt_ids, prompt_mask = prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0)
         prompt_lengths = prompt_mask.sum(-1)  # (B,): the first completion token sits at this position
@@ -253,9 +263,8 @@ def generate_rollouts(
                 keep = done[rows].to(torch.int8).argsort(stable=True)[:size]  # unfinished rows first
                 cache.batch_select_indices(keep)
                 rows = rows[keep]
-            out = model(input_ids=completion_ids[rows, t : t + 1], attention_mask=attention_mask[rows, : P + steps],
-                        position_ids=(prompt_lengths[rows] + t)[:, None], use_cache=True, **{cache_kwarg: cache})
-            next_logits = out.logits[:, -1]
+            next_logits = next_token_logits(completion_ids[rows, t : t + 1], attention_mask[rows, : P + steps],
+                                            (prompt_lengths[rows] + t)[:, None])
     finally:
         model.train(was_training)
 
@@ -352,8 +361,11 @@ def sequence_logprobs(
     body, head = model.base_model, model.get_output_embeddings()
 
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as during sampling: padding does not count
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                  use_cache=False).last_hidden_state  # (B, L, H)
+    if lean.supports(model):  # the same function, without the Hugging Face modules' per-call overhead
+        hidden = lean.hidden_states(model, input_ids, attention_mask, position_ids)  # (B, L, H)
+    else:
+        hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      use_cache=False).last_hidden_state  # (B, L, H)
     # The hidden state at column j predicts the token at column j + 1: the completion's T tokens (columns
     # L-T .. L-1) are predicted from columns L-T-1 .. L-2.
     hidden = hidden[:, L - T - 1 : L - 1]  # (B, T, H)

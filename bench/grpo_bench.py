@@ -1,0 +1,323 @@
+"""Benchmark: a GRPO step of ``rlbook.trainer.Trainer`` against ``trl.GRPOTrainer``, side by side.
+
+A benchmark that prints (and stores its numbers in ``bench/results/``), not a timed test. TRL is the optional extra
+``crosscheck`` (``pip install -e '.[crosscheck]'``); nothing in ``make test`` needs it.
+
+Both trainers start from the same weights, see the same prompts in the same order and run TRL's GRPO defaults:
+loss ``"dapo"`` (token mean over the generation batch), group std scaling, beta = 0, epsilon = 0.2, one update
+per rollout, AdamW, gradient clipping at 1.0, 16 prompts x G = 8 completions per step, completion budget 8,
+temperature 1, a constant learning rate (TRL's default schedule is a linear decay; ``--lr-scheduler linear``
+gives both that), float32 on the CPU, gradient checkpointing off.
+
+Three measurements:
+
+1. ``speed``: seconds per step, median over ``--steps`` steps after ``--warmup`` untimed ones, with the phases
+   generate / score / update. The two trainers alternate step by step (ours runs inside a TRL callback between
+   two TRL steps), so both see the same background load. Phases: ours from its own ``time_*`` metrics; TRL's
+   from wrapping ``_generate`` (generate) and ``_generate_and_score_completions`` (generate + score); its update
+   is the rest of the step (loss, backward, clipping, optimizer, its logging);
+2. ``curves``: the reward of each step over ``--curve-steps`` steps for ``--seeds`` seeds of each trainer (the
+   seed changes the sampling, not the start or the prompts), stored as JSON and plotted with min-max bands;
+3. ``memory``: each trainer alone in a fresh process for a few steps, its peak resident set size (``ru_maxrss``),
+   and the same for a process that only loads the libraries and the model (the baseline).
+
+    python bench/grpo_bench.py                                  # everything, 1 torch thread
+    python bench/grpo_bench.py speed --threads 2 --models arithmetic
+    python bench/grpo_bench.py curves --curve-steps 100 --seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = ("arithmetic", "small")  # the shipped arithmetic base policy (tiny), a fresh `small` model on its task
+
+
+def load_model(name: str):
+    """``(model, tokenizer, task)``: the arithmetic base policy, or a freshly initialised ``small`` Llama."""
+    from rlbook.checkpoints import RECIPES, load_base_policy
+    from rlbook.lm import build_model
+
+    model, tokenizer = load_base_policy("arithmetic")
+    task = RECIPES["arithmetic"].make_task()
+    if name == "small":
+        model = build_model("small", seed=0, tokenizer=tokenizer)
+    elif name != "arithmetic":
+        raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
+    return model, tokenizer, task
+
+
+def step_examples(task, seed: int, steps: int, num_prompts: int):
+    """The prompts of our trainer's steps 0 .. steps-1 (the formula of Trainer._sample_groups), in order."""
+    return [e for step in range(steps)
+            for e in task.sample(num_prompts, split="train", seed=np.random.default_rng([seed, step]))]
+
+
+def our_trainer(model, tokenizer, task, args, seed: int):
+    from rlbook.trainer import RLConfig, Trainer
+
+    config = RLConfig(num_generations=args.num_generations, max_completion_length=args.max_completion_length,
+                      per_device_train_batch_size=args.num_prompts * args.num_generations,
+                      learning_rate=args.learning_rate, advantage_estimator="grpo", scale_rewards="group",
+                      loss_type="dapo", beta=args.beta, epsilon=0.2, num_iterations=1, seed=seed,
+                      max_steps=10**6, **({"lr_scheduler_type": args.lr_scheduler}
+                                          if args.lr_scheduler != "constant" else {}))
+    return Trainer(copy.deepcopy(model), tokenizer, task, config)
+
+
+def trl_trainer(model, tokenizer, task, args, seed: int, steps: int, callbacks=()):
+    """A ``trl.GRPOTrainer`` on the same model copy, prompts (in our order, unshuffled) and reward."""
+    from datasets import Dataset
+    from transformers import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    examples = step_examples(task, 0, steps, args.num_prompts)  # the prompt stream of our seed-0 run
+    dataset = Dataset.from_dict({"prompt": [e.prompt for e in examples], "index": list(range(len(examples)))})
+    eos = tokenizer.eos_token_id
+
+    def reward(prompts, completions, completion_ids, index, **_):
+        truncated = [eos not in ids for ids in completion_ids]
+        return task.rewards([examples[i] for i in index], completions, truncated).tolist()
+
+    config = GRPOConfig(
+        output_dir=f"/tmp/grpo_bench_trl_{os.getpid()}", report_to="none", save_strategy="no", use_cpu=True,
+        bf16=False, fp16=False, gradient_checkpointing=False, disable_tqdm=True, logging_steps=1, seed=seed,
+        per_device_train_batch_size=args.num_prompts * args.num_generations, gradient_accumulation_steps=1,
+        num_generations=args.num_generations, max_completion_length=args.max_completion_length, max_steps=steps,
+        learning_rate=args.learning_rate, lr_scheduler_type=args.lr_scheduler, warmup_steps=0, beta=args.beta,
+        loss_type="dapo", scale_rewards="group", epsilon=0.2, num_iterations=1, shuffle_dataset=False,
+        temperature=1.0, top_p=1.0, top_k=0, dataloader_num_workers=0,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = GRPOTrainer(model=copy.deepcopy(model), reward_funcs=reward, args=config, train_dataset=dataset,
+                              processing_class=tokenizer, callbacks=list(callbacks))
+    trainer.remove_callback(PrinterCallback)  # TRL prints every log line with disable_tqdm=True
+    return trainer
+
+
+class Timed:
+    """Wrap ``obj.name`` so that each call's duration is added to ``self.total``."""
+
+    def __init__(self, obj, name: str):
+        self.total, inner = 0.0, getattr(obj, name)
+
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            try:
+                return inner(*a, **k)
+            finally:
+                self.total += time.perf_counter() - start
+
+        setattr(obj, name, wrapper)
+
+
+def side_by_side(model_name: str, args, seed: int, steps: int):
+    """Run TRL for ``steps`` steps with one step of ours after each; returns per-step records of both."""
+    from transformers import TrainerCallback
+
+    model, tokenizer, task = load_model(model_name)
+    ours = our_trainer(model, tokenizer, task, args, seed)
+    records = {"ours": [], "trl": []}
+
+    class Interleave(TrainerCallback):
+        def on_step_begin(self, targs, state, control, **kw):
+            self.gen_before, self.gs_before = gen.total, gen_score.total
+            self.start = time.perf_counter()
+
+        def on_step_end(self, targs, state, control, **kw):
+            total = time.perf_counter() - self.start
+            g, gs = gen.total - self.gen_before, gen_score.total - self.gs_before
+            records["trl"].append({"time_step": total, "time_generate": g, "time_score": gs - g,
+                                   "time_update": total - gs})
+            start = time.perf_counter()
+            metrics = ours.train_step()
+            records["ours"].append({**metrics, "time_step": time.perf_counter() - start})
+
+        def on_log(self, targs, state, control, logs=None, **kw):
+            if logs and "reward" in logs:
+                records["trl"][-1].update(reward=logs["reward"],
+                                          completion_length=logs.get("completions/mean_length"))
+
+    trainer = trl_trainer(model, tokenizer, task, args, seed, steps, callbacks=[Interleave()])
+    gen, gen_score = Timed(trainer, "_generate"), Timed(trainer, "_generate_and_score_completions")
+    torch.set_num_threads(args.threads)  # after TRL/accelerate set up, in case they touched it
+    trainer.train()
+    assert torch.get_num_threads() == args.threads, "the thread count changed during training"
+    return records
+
+
+PHASES = ("time_step", "time_generate", "time_score", "time_update")
+
+
+def run_speed(args) -> dict:
+    out = {}
+    for name in args.models:
+        records = side_by_side(name, args, seed=0, steps=args.warmup + args.steps)
+        out[name] = {who: {k: statistics.median(r[k] for r in recs[args.warmup:]) for k in PHASES}
+                     for who, recs in records.items()}
+    return out
+
+
+def run_curves(args) -> dict:
+    out = {}
+    for seed in args.seeds:
+        records = side_by_side("arithmetic", args, seed=seed, steps=args.curve_steps)
+        out[str(seed)] = {who: [r.get("reward") for r in recs] for who, recs in records.items()}
+        print(f"  seed {seed}: mean reward over the last 20 steps  ours {np.mean(out[str(seed)]['ours'][-20:]):.3f}"
+              f"  TRL {np.mean(out[str(seed)]['trl'][-20:]):.3f}", flush=True)
+    return out
+
+
+def run_memory(args) -> dict:
+    """Peak RSS (MiB) of a fresh process running only one trainer (or nothing: the baseline)."""
+    out = {}
+    for who in ("baseline", "ours", "trl"):
+        command = [sys.executable, __file__, "_memory", who, "--threads", str(args.threads),
+               *(["--hf-forward"] if args.hf_forward else []),
+                   "--memory-steps", str(args.memory_steps), "--models", args.models[0]]
+        result = subprocess.run(command, capture_output=True, text=True, check=True)
+        out[who] = json.loads(result.stdout.strip().splitlines()[-1])["peak_rss_mib"]
+    return out
+
+
+def memory_child(who: str, args) -> None:
+    torch.set_num_threads(args.threads)
+    if args.hf_forward:
+        from rlbook.lm import lean
+
+        lean.ENABLED = False
+    import trl  # noqa: F401  (the baseline imports everything either trainer needs)
+
+    model, tokenizer, task = load_model(args.models[0])
+    if who == "ours":
+        trainer = our_trainer(model, tokenizer, task, args, seed=0)
+        for _ in range(args.memory_steps):
+            trainer.train_step()
+    elif who == "trl":
+        trl_trainer(model, tokenizer, task, args, seed=0, steps=args.memory_steps).train()
+    scale = 1 if platform.system() == "Darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+    print(json.dumps({"peak_rss_mib": round(peak, 1)}))
+
+
+def plot_curves(curves: dict, path: Path, smooth: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    kernel = np.ones(smooth) / smooth
+    for who, label, color in (("ours", "rlbook Trainer", "C0"), ("trl", "trl.GRPOTrainer", "C1")):
+        runs = np.array([curves[s][who] for s in curves], dtype=float)
+        runs = np.array([np.convolve(r, kernel, mode="valid") for r in runs])
+        x = np.arange(runs.shape[1]) + smooth
+        ax.plot(x, runs.mean(0), color=color, label=f"{label} (mean of {len(runs)} seeds)")
+        ax.fill_between(x, runs.min(0), runs.max(0), color=color, alpha=0.25, linewidth=0)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"training reward ({smooth}-step moving average)")
+    ax.set_title("GRPO on the arithmetic base policy: rlbook vs TRL", fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def environment(args) -> dict:
+    import transformers
+    import trl
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
+            "threads": args.threads, "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "load_average_1min": os.getloadavg()[0]}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", nargs="*", default=["speed", "curves", "memory"])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=12, help="timed steps (speed)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--curve-steps", type=int, default=100)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--memory-steps", type=int, default=5)
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--num-generations", type=int, default=8)
+    parser.add_argument("--max-completion-length", type=int, default=8)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--lr-scheduler", default="constant", choices=["constant", "linear"])
+    parser.add_argument("--beta", type=float, default=0.0)
+    parser.add_argument("--smooth", type=int, default=5)
+    parser.add_argument("--hf-forward", action="store_true",
+                        help="ours through the Hugging Face forward instead of rlbook.lm.lean (to see what it buys)")
+    parser.add_argument("--tag", default="", help="suffix of the result files")
+    args = parser.parse_args(argv)
+    if args.what[:1] == ["_memory"]:
+        return memory_child(args.what[1], args)
+    torch.set_num_threads(args.threads)
+    if args.hf_forward:
+        from rlbook.lm import lean
+
+        lean.ENABLED = False
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    RESULTS.mkdir(exist_ok=True)
+    tag = f"_{args.tag}" if args.tag else ""
+    print(f"torch threads: {args.threads}; {args.num_prompts} prompts x G = {args.num_generations}, completion "
+          f"budget {args.max_completion_length}, lr {args.learning_rate} ({args.lr_scheduler}), beta {args.beta}")
+    result = {"command": "python bench/grpo_bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "environment": environment(args), "settings": vars(args)}
+    if "speed" in args.what:
+        result["speed"] = speed = run_speed(args)
+        print(f"\nseconds per GRPO step, median of {args.steps} after {args.warmup} warm-up, {args.threads} thread(s)")
+        print(f"{'model':<11} {'trainer':<6} {'step':>7} {'generate':>9} {'score':>7} {'update':>7}")
+        for name, row in speed.items():
+            for who in ("ours", "trl"):
+                r = row[who]
+                print(f"{name:<11} {who:<6} {r['time_step']:7.4f} {r['time_generate']:9.4f} {r['time_score']:7.4f} "
+                      f"{r['time_update']:7.4f}")
+            print(f"{'':<11} speed-up (TRL / ours): {row['trl']['time_step'] / row['ours']['time_step']:.2f}x")
+    if "curves" in args.what:
+        print(f"\nreward curves: {args.curve_steps} steps, seeds {args.seeds}")
+        result["curves"] = curves = run_curves(args)
+        last = {who: [np.mean(curves[s][who][-20:]) for s in curves] for who in ("ours", "trl")}
+        result["curves_summary"] = {who: {"last20_mean": float(np.mean(v)), "last20_min": float(np.min(v)),
+                                          "last20_max": float(np.max(v)),
+                                          "first_step_mean": float(np.mean([curves[s][who][0] for s in curves]))}
+                                    for who, v in last.items()}
+        plot_curves(curves, RESULTS / f"grpo_curves{tag}.png", args.smooth)
+        for who, s in result["curves_summary"].items():
+            print(f"  {who:<5} reward at step 1 {s['first_step_mean']:.3f}; mean of the last 20 steps "
+                  f"{s['last20_mean']:.3f} (seeds {s['last20_min']:.3f} .. {s['last20_max']:.3f})")
+    if "memory" in args.what:
+        result["memory"] = memory = run_memory(args)
+        print(f"\npeak RSS of a fresh process ({args.models[0]}, {args.memory_steps} steps): "
+              + ", ".join(f"{k} {v:.0f} MiB" for k, v in memory.items()))
+    out = RESULTS / f"grpo_bench{tag}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\nstored in {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
+
+
+if __name__ == "__main__":
+    main()
