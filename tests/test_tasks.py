@@ -196,7 +196,7 @@ def test_the_demonstration_earns_the_correct_reward(task):
     for seed in range(5):
         examples = task.sample(200, seed=seed)
         demonstrations = [task.demonstration(example) for example in examples]
-        assert np.all(task.rewards(examples, demonstrations) == 1.0)
+        np.testing.assert_allclose(task.rewards(examples, demonstrations), 1.0, rtol=0, atol=1e-12)
         assert all(task.is_correct(example, text) for example, text in zip(examples, demonstrations))
 
 
@@ -204,9 +204,9 @@ def test_the_demonstration_earns_the_correct_reward(task):
 def test_plus_minus_one_rewards(name):
     task = get_task(name, correct_reward=1.0, incorrect_reward=-1.0)
     example = task.sample(1, seed=0)[0]
-    assert task.reward(example, task.demonstration(example)) == 1.0
-    assert task.reward(example, "") == -1.0
-    assert task.reward(example, task.demonstration(example), truncated=True) == -1.0
+    assert task.reward(example, task.demonstration(example)) == pytest.approx(1.0)
+    assert task.reward(example, "") == pytest.approx(-1.0)
+    assert task.reward(example, task.demonstration(example), truncated=True) == pytest.approx(-1.0)
 
 
 # --- garbage is incorrect, never an error -------------------------------------------------------------------
@@ -216,13 +216,13 @@ def test_garbage_gets_the_incorrect_reward(task):
     for example in task.sample(20, seed=2):
         demonstration = task.demonstration(example)
         for completion in garbage_completions(demonstration):
-            assert task.reward(example, completion) == 0.0, repr(completion[:40])
-            assert task.reward(example, completion, truncated=True) == 0.0
+            assert task.reward(example, completion) == pytest.approx(0.0), repr(completion[:40])
+            assert task.reward(example, completion, truncated=True) == pytest.approx(0.0)
 
 
 def test_a_truncated_demonstration_is_incorrect(task):
     example = task.sample(1, seed=0)[0]
-    assert task.reward(example, task.demonstration(example), truncated=True) == 0.0
+    assert task.reward(example, task.demonstration(example), truncated=True) == pytest.approx(0.0)
     assert not task.is_correct(example, task.demonstration(example), truncated=True)
 
 
@@ -237,8 +237,8 @@ def test_max_completion_length_is_the_cut_off(task):
     example = task.sample(1, seed=0)[0]
     short = type(task)(**{**task.config(), "max_completion_length": task.max_demonstration_length})
     padded = task.demonstration(example) + " " * (task.max_demonstration_length + 1)
-    assert task.reward(example, padded) == 1.0
-    assert short.reward(example, padded) == 0.0
+    assert task.reward(example, padded) == pytest.approx(1.0)
+    assert short.reward(example, padded) == pytest.approx(0.0)
 
 
 def test_rewards_is_the_loop_over_reward(task):
@@ -249,8 +249,8 @@ def test_rewards_is_the_loop_over_reward(task):
     rewards = task.rewards(examples, completions, truncated)
     assert rewards.dtype == np.float64 and rewards.shape == (30,)
     loop = [task.reward(e, c, bool(t)) for e, c, t in zip(examples, completions, truncated)]
-    np.testing.assert_array_equal(rewards, loop)
-    assert set(np.unique(rewards)) <= {0.0, 1.0}
+    np.testing.assert_allclose(rewards, loop, rtol=0, atol=1e-12)
+    assert np.all(np.isclose(rewards, 0.0) | np.isclose(rewards, 1.0))  # all or nothing
 
 
 def test_rewards_rejects_mismatched_lengths():
@@ -282,15 +282,15 @@ def test_arithmetic_without_negatives_never_has_a_negative_answer():
 def test_arithmetic_is_strict_about_the_form_of_the_number():
     task = Arithmetic()
     example = Example("23+58=", "81")
-    assert task.reward(example, "81") == 1.0
-    assert task.reward(example, "  81 ") == 1.0  # surrounding spaces are stripped
+    assert task.reward(example, "81") == pytest.approx(1.0)
+    assert task.reward(example, "  81 ") == pytest.approx(1.0)  # surrounding spaces are stripped
     for wrong in ("081", "+81", "8 1", "81.0", "80", "18", "81=", "=81", "eighty one", "81|81", "-81"):
-        assert task.reward(example, wrong) == 0.0, wrong
+        assert task.reward(example, wrong) == pytest.approx(0.0), wrong
     zero = Example("5-5=", "0")
-    assert task.reward(zero, "0") == 1.0
-    assert task.reward(zero, "-0") == 0.0 and task.reward(zero, "00") == 0.0
+    assert task.reward(zero, "0") == pytest.approx(1.0)
+    assert task.reward(zero, "-0") == pytest.approx(0.0) and task.reward(zero, "00") == pytest.approx(0.0)
     negative = Example("3-50=", "-47")
-    assert task.reward(negative, "-47") == 1.0 and task.reward(negative, "- 47") == 0.0
+    assert task.reward(negative, "-47") == pytest.approx(1.0) and task.reward(negative, "- 47") == pytest.approx(0.0)
 
 
 # --- digit tasks and the scratchpad --------------------------------------------------------------------------
@@ -310,18 +310,18 @@ def test_sort_and_reverse_formats():
 def test_the_scratchpad_reward_reads_only_the_final_answer():
     task = SortDigits(scratchpad=True)
     example = Example("sort:3142=", "1234")
-    assert task.reward(example, "3,13,134,1234|1234") == 1.0
-    assert task.reward(example, "|1234") == 1.0  # a skipped scratchpad is allowed: length is the model's choice
-    assert task.reward(example, "anything at all (wrong steps) 9,99|1234 ") == 1.0
-    assert task.reward(example, "12|34|1234") == 1.0  # the last marker counts
+    assert task.reward(example, "3,13,134,1234|1234") == pytest.approx(1.0)
+    assert task.reward(example, "|1234") == pytest.approx(1.0)  # a skipped scratchpad is allowed: length is the model's choice
+    assert task.reward(example, "anything at all (wrong steps) 9,99|1234 ") == pytest.approx(1.0)
+    assert task.reward(example, "12|34|1234") == pytest.approx(1.0)  # the last marker counts
     for wrong in ("1234", "3,13,134,1234|", "1234|1243", "3,13,134,1234|1234|", "|12 34"):
-        assert task.reward(example, wrong) == 0.0, wrong
+        assert task.reward(example, wrong) == pytest.approx(0.0), wrong
     assert final_answer("3,13|12 ") == "12" and final_answer("1234") is None
 
 
 def test_without_scratchpad_a_marker_is_wrong():
     task = SortDigits()
-    assert task.reward(Example("sort:3142=", "1234"), "|1234") == 0.0
+    assert task.reward(Example("sort:3142=", "1234"), "|1234") == pytest.approx(0.0)
 
 
 def test_scratchpad_lengths_vary_with_the_input():
@@ -370,14 +370,14 @@ def test_constraint_reward_all_or_nothing_and_partial_credit():
     strict = ConstraintString(num_counts=2)
     partial = ConstraintString(num_counts=2, partial_credit=True)
     plus_minus = ConstraintString(num_counts=2, partial_credit=True, incorrect_reward=-1.0)
-    assert strict.reward(example, "bxaxcxd") == partial.reward(example, "bxaxcxd") == 1.0
-    assert strict.reward(example, "xxbaaaa") == 0.0
-    assert partial.reward(example, "xxbaaaa") == 0.75  # length, charset, b ok; x wrong
-    assert plus_minus.reward(example, "xxbaaaa") == -1.0 + 0.75 * 2.0
-    assert partial.reward(example, "xxbaaa") == 0.5
-    assert partial.reward(example, "xxxbaaa", truncated=True) == 0.0
-    assert partial.reward(example, "xxxbaa\u00e9") == 0.0  # outside ALPHABET: garbage, not partial credit
-    assert partial.reward(example, "xxxbaa?") == 0.75  # in ALPHABET but not a letter: only charset fails
+    assert strict.reward(example, "bxaxcxd") == pytest.approx(partial.reward(example, "bxaxcxd")) == pytest.approx(1.0)
+    assert strict.reward(example, "xxbaaaa") == pytest.approx(0.0)
+    assert partial.reward(example, "xxbaaaa") == pytest.approx(0.75)  # length, charset, b ok; x wrong
+    assert plus_minus.reward(example, "xxbaaaa") == pytest.approx(-1.0 + 0.75 * 2.0)
+    assert partial.reward(example, "xxbaaa") == pytest.approx(0.5)
+    assert partial.reward(example, "xxxbaaa", truncated=True) == pytest.approx(0.0)
+    assert partial.reward(example, "xxxbaa\u00e9") == pytest.approx(0.0)  # outside ALPHABET: garbage, not partial credit
+    assert partial.reward(example, "xxxbaa?") == pytest.approx(0.75)  # in ALPHABET but not a letter: only charset fails
 
 
 # --- bad arguments -------------------------------------------------------------------------------------------
@@ -445,8 +445,8 @@ def test_preference_pairs_chosen_correct_rejected_incorrect(task):
     for pair, example in zip(pairs, examples):
         assert isinstance(pair, PreferencePair)
         assert pair.chosen == task.demonstration(example)
-        assert task.reward(example, pair.chosen) == 1.0
-        assert task.reward(example, pair.rejected) == 0.0
+        assert task.reward(example, pair.chosen) == pytest.approx(1.0)
+        assert task.reward(example, pair.rejected) == pytest.approx(0.0)
         assert uses_only_alphabet(pair.rejected) and pair.rejected != pair.chosen
 
 
@@ -480,7 +480,7 @@ def test_partial_credit_rejected_scores_below_chosen():
     task = ConstraintString(num_counts=2, partial_credit=True)
     examples = task.sample(100, seed=np.random.default_rng(3))
     for pair, example in zip(build_preference_pairs(task, 100, seed=3), examples):
-        assert task.reward(example, pair.chosen) == 1.0
+        assert task.reward(example, pair.chosen) == pytest.approx(1.0)
         assert 0.0 < task.reward(example, pair.rejected) < 1.0
 
 
@@ -506,9 +506,9 @@ def test_pass_at_k_equals_brute_force_enumeration():
 
 
 def test_pass_at_k_edge_cases():
-    assert pass_at_k(10, 0, 3) == 0.0
-    assert pass_at_k(10, 10, 3) == 1.0
-    assert pass_at_k(10, 1, 10) == 1.0 and pass_at_k(10, 0, 10) == 0.0
+    assert pass_at_k(10, 0, 3) == pytest.approx(0.0)
+    assert pass_at_k(10, 10, 3) == pytest.approx(1.0)
+    assert pass_at_k(10, 1, 10) == pytest.approx(1.0) and pass_at_k(10, 0, 10) == pytest.approx(0.0)
     assert pass_at_k(10, 3, 1) == pytest.approx(0.3)  # pass@1 is the fraction correct
     np.testing.assert_allclose(pass_at_k([5, 5, 4], [0, 2, 4], 2), [0.0, 0.7, 1.0])
     with pytest.raises(ValueError, match="k=4 is larger than the number of samples"):
@@ -533,14 +533,14 @@ def test_evaluate_summarises_samples():
     completions = [["2", "3", "2 ", "22"], ["5", "5", "4", "4444444"]]
     truncated = [[False, False, False, False], [False, False, True, True]]
     result = evaluate(task, examples, completions, truncated, k=[1, 2, 4])
-    assert result.accuracy == 2 / 8  # the truncated "4" does not count
+    assert result.accuracy == pytest.approx(2 / 8)  # the truncated "4" does not count
     assert result.pass_at_k[1] == pytest.approx((2 / 4 + 0 / 4) / 2)
     assert result.pass_at_k[2] == pytest.approx((1 - 1 / 6 + 0) / 2)
     assert result.pass_at_k[4] == pytest.approx(0.5)
-    assert result.mean_reward == 2 / 8
+    assert result.mean_reward == pytest.approx(2 / 8)
     assert result.mean_length == pytest.approx((1 + 1 + 2 + 2 + 1 + 1 + 1 + 7) / 8)
     assert result.max_length == 7
-    assert result.truncated_fraction == 2 / 8
+    assert result.truncated_fraction == pytest.approx(2 / 8)
     assert (result.num_problems, result.num_samples) == (2, 8)
 
 
@@ -548,8 +548,8 @@ def test_evaluate_with_demonstrations_is_perfect(task):
     examples = task.sample(20, seed=0)
     completions = [[task.demonstration(example)] * 3 for example in examples]
     result = evaluate(task, examples, completions, k=3)
-    assert result.accuracy == result.pass_at_k[3] == result.mean_reward == 1.0
-    assert result.truncated_fraction == 0.0
+    assert result.accuracy == result.pass_at_k[3] == result.mean_reward == pytest.approx(1.0)
+    assert result.truncated_fraction == pytest.approx(0.0)
 
 
 def test_evaluate_rejects_bad_shapes():
