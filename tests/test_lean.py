@@ -71,3 +71,14 @@ def test_other_models_use_the_hf_forward():
     model = build_model("tiny", seed=0, attention_dropout=0.1)
     assert not lean.supports(model)
     assert not lean.supports(torch.nn.Linear(2, 2))
+
+
+def test_wanted_positions_equal_the_hf_forward(tokenizer):
+    model = build_model("tiny", arch="qwen2", seed=6)
+    ids, mask, positions = _batch(tokenizer)
+    wanted = torch.zeros_like(mask, dtype=torch.bool)
+    wanted[:, -3:] = True  # as sequence_logprobs asks: the positions that predict a completion token
+    ref = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state
+    got = lean.hidden_states(model, ids, mask, positions, wanted=wanted)
+    assert torch.allclose(got[wanted], ref[wanted], atol=AGREE, rtol=0)
+    assert torch.count_nonzero(got[~wanted]) == 0  # the rest is not computed

@@ -361,8 +361,10 @@ def sequence_logprobs(
     body, head = model.base_model, model.get_output_embeddings()
 
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as during sampling: padding does not count
-    if lean.supports(model):  # the same function, without the Hugging Face modules' per-call overhead
-        hidden = lean.hidden_states(model, input_ids, attention_mask, position_ids)  # (B, L, H)
+    if lean.supports(model):  # the same function, without padding and without the HF modules' per-call overhead
+        wanted = torch.zeros_like(attention_mask, dtype=torch.bool)  # the positions that predict a scored token
+        wanted[:, L - T - 1 : L - 1] = completion_mask.bool()
+        hidden = lean.hidden_states(model, input_ids, attention_mask, position_ids, wanted=wanted)  # (B, L, H)
     else:
         hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                       use_cache=False).last_hidden_state  # (B, L, H)

@@ -86,14 +86,22 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                  cache: LeanCache | None = None) -> torch.Tensor:
+                  cache: LeanCache | None = None, wanted: torch.Tensor | None = None) -> torch.Tensor:
     """The last hidden states (B, L, H) of ``model.base_model`` for ``input_ids`` (B, L).
 
     ``attention_mask`` (B, S) covers every position the queries may see: the cached ones, then these ``L``
     (S = cached length + L). ``position_ids`` (B, L) are the rotary positions. Queries attend causally to the
     positions whose mask is 1; a query that would see none (a left-padding position) attends to itself, so
-    that no NaN appears (its output is never used).
+    that no NaN appears.
+
+    Without a cache (the training forward, a reference model) only the real tokens go through the per-token
+    layers (norms, projections, MLP), packed into one (n, H) matrix; the (B, L) layout is rebuilt only for the
+    attention scores. Padding is skipped, not computed and discarded, and padding positions come back as zeros.
+    ``wanted`` (B, L) bool, optional, names the positions whose output the caller reads (those that predict a
+    scored token): the last layer's output projection and MLP run on those alone, since nothing else reads them.
     """
+    if cache is None:
+        return _packed_hidden_states(model, input_ids, attention_mask, position_ids, wanted)
     body = model.base_model
     B, L = input_ids.shape
     x = body.embed_tokens(input_ids)
@@ -102,10 +110,7 @@ def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     S = attention_mask.shape[1]
     visible = attention_mask[:, None, None, :].bool()  # (B, 1, 1, S)
     if L > 1:  # causal within the new positions (query i sits at column S - L + i)
-        columns = torch.arange(S, device=input_ids.device)
-        rows = torch.arange(S - L, S, device=input_ids.device)
-        causal = columns[None, :] <= rows[:, None]  # (L, S)
-        visible = (visible & causal) | (columns[None, :] == rows[:, None])
+        visible = _causal(visible, S, L, input_ids.device)
     for index, layer in enumerate(body.layers):
         attn = layer.self_attn
         h = _rms_norm(layer.input_layernorm, x)
@@ -114,19 +119,73 @@ def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
         v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(B, L, -1, attn.head_dim).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        if cache is not None:
-            k, v = cache.update(index, k, v)
-        groups = q.shape[1] // k.shape[1]
-        if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        scores = (q @ k.transpose(-1, -2)) * attn.scaling  # (B, heads, L, S)
-        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
-        out = scores.softmax(-1, dtype=torch.float32).to(q.dtype) @ v  # (B, heads, L, head_dim)
-        out = out.transpose(1, 2).reshape(B, L, -1)
+        k, v = cache.update(index, k, v)
+        out = _attend(attn, q, k, v, visible).transpose(1, 2).reshape(B, L, -1)
         x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-        mlp = layer.mlp
-        h = _rms_norm(layer.post_attention_layernorm, x)
-        gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
-        up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
-        x = x + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        x = x + _mlp(layer, x)
     return _rms_norm(body.norm, x)
+
+
+def _causal(visible: torch.Tensor, S: int, L: int, device) -> torch.Tensor:
+    columns = torch.arange(S, device=device)
+    rows = torch.arange(S - L, S, device=device)
+    causal = columns[None, :] <= rows[:, None]  # (L, S)
+    return (visible & causal) | (columns[None, :] == rows[:, None])
+
+
+def _attend(attn, q, k, v, visible):
+    """Softmax attention (B, heads, Lq, d) over keys (B, kv_heads, S, d), positions where ``visible`` is False hidden."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = (q @ k.transpose(-1, -2)) * attn.scaling  # (B, heads, Lq, S)
+    scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+    return scores.softmax(-1, dtype=torch.float32).to(q.dtype) @ v
+
+
+def _mlp(layer, x):
+    mlp = layer.mlp
+    h = _rms_norm(layer.post_attention_layernorm, x)
+    gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
+    up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
+    return F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+
+
+def _packed_hidden_states(model, input_ids, attention_mask, position_ids, wanted):
+    body = model.base_model
+    B, L = input_ids.shape
+    real = attention_mask.bool()
+    flat = real.reshape(-1).nonzero().squeeze(1)  # (n,): the real tokens, row-major
+    if wanted is None:
+        last = None
+    else:  # where the wanted positions sit among the real tokens
+        slot = torch.full((B * L,), -1, dtype=torch.long, device=input_ids.device)
+        slot[flat] = torch.arange(len(flat), device=input_ids.device)
+        last = slot[(wanted & real).reshape(-1).nonzero().squeeze(1)]
+    x = body.embed_tokens(input_ids.reshape(-1)[flat])  # (n, H)
+    cos, sin = body.rotary_emb(x[None], position_ids.reshape(1, -1)[:, flat])  # (1, n, head_dim)
+    cos, sin = cos[0, :, None], sin[0, :, None]  # (n, 1, head_dim)
+    visible = _causal(real[:, None, None, :], L, L, input_ids.device)  # (B, 1, L, L)
+    n_layers = len(body.layers)
+
+    def unpack(t):  # (n, heads, d) -> (B, heads, L, d), zeros at padding
+        full = t.new_zeros((B * L, *t.shape[1:])).index_copy(0, flat, t)
+        return full.view(B, L, *t.shape[1:]).transpose(1, 2)
+
+    for index, layer in enumerate(body.layers):
+        attn = layer.self_attn
+        h = _rms_norm(layer.input_layernorm, x)
+        q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(len(flat), -1, attn.head_dim)
+        k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(len(flat), -1, attn.head_dim)
+        v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(len(flat), -1, attn.head_dim)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        out = _attend(attn, unpack(q), unpack(k), unpack(v), visible)  # (B, heads, L, d)
+        out = out.transpose(1, 2).reshape(B * L, -1)[flat]  # (n, heads * d)
+        if last is not None and index == n_layers - 1:  # nothing reads the other positions' last-layer output
+            out, x = out[last], x[last]
+        x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+        x = x + _mlp(layer, x)
+    x = _rms_norm(body.norm, x)
+    where = flat if last is None else flat[last]
+    return x.new_zeros((B * L, x.shape[-1])).index_copy(0, where, x).view(B, L, -1)
