@@ -126,3 +126,43 @@ def test_dapo_stored_results_match_the_script():
         for arm in spec["arms"]:
             assert len(ablation["runs"][arm]) == len(stored["seeds"])
             assert all(len(run["reward"]) == ablation["steps"] == spec["steps"] for run in ablation["runs"][arm])
+
+
+# ---------------------------------------------------------------- Dr. GRPO: length of wrong and correct answers
+def test_drgrpo_length_stats_by_hand():
+    script = load_script("drgrpo_length")
+    from rlbook.checkpoints import RECIPES
+
+    task = RECIPES[script.POLICY].make_task()
+    examples = task.sample(2, seed=0, split="test")
+    reference = [task.demonstration(e) for e in examples]
+    completions = [reference[0], reference[1] + "|123"]  # the first right, the second 4 characters too long
+    stats = script.length_stats(task, examples, completions, task.rewards(examples, completions, [False, False]))
+    assert stats["excess_correct"] == 0.0 and stats["length_correct"] == len(reference[0])
+    assert stats["excess_wrong"] == 4.0 and stats["length_wrong"] == len(reference[1]) + 4
+
+
+def test_drgrpo_length_reduced_run():
+    script = load_script("drgrpo_length")
+    result = script.run(seeds=(0,), max_steps=2, eval_every=2, eval_size=8, num_generations=4,
+                        per_device_train_batch_size=8)
+    assert set(result["runs"]) == set(script.PRESETS) and result["settings"]["beta"] == 0.0
+    for name in script.PRESETS:
+        (run,) = result["runs"][name]
+        assert run["eval_steps"] == [0, 2] and len(run["accuracy"]) == len(run["excess_wrong"]) == 2
+        assert all(0.0 <= a <= 1.0 for a in run["eval_accuracy"] + run["truncated_frac"])
+
+
+def test_drgrpo_stored_results_match_the_script():
+    """The stored results the chapter plots: >= 5 seeds per preset, made with the script's current settings."""
+    import json
+
+    path = EXPERIMENTS / "results" / "drgrpo_length.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} not stored yet")
+    script = load_script("drgrpo_length")
+    stored = json.loads(path.read_text())
+    assert len(stored["seeds"]) >= 5 and stored["settings"] == script.SETTINGS
+    for name in script.PRESETS:
+        assert len(stored["runs"][name]) == len(stored["seeds"])
+        assert all(len(run["excess_wrong"]) == script.SETTINGS["max_steps"] for run in stored["runs"][name])
