@@ -53,8 +53,8 @@ class EntropyProxyTrainer(Trainer):
     """The book's trainer plus one metric: ``neg_logp``, the mean of -log pi over the sampled completion tokens of
     the step's rollouts (a Monte Carlo estimate of the per-token entropy, at the sampling temperature)."""
 
-    def _score(self, batch, rewards):
-        out = super()._score(batch, rewards)
+    def _score(self, batch, *args, **kwargs):
+        out = super()._score(batch, *args, **kwargs)
         out["metrics"]["neg_logp"] = masked_mean(-batch.logprobs, batch.completion_mask.float()).item()
         return out
 
