@@ -66,7 +66,8 @@ def _random_batch(rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor,
 def _hint(got: np.ndarray, advantages: np.ndarray, mask: np.ndarray, loss_type: str, L: int) -> str:
     """Name the usual mix-up: the weight of another aggregation than the one asked for."""
     B, lengths = mask.shape[0], mask.sum(-1)
-    candidates = {"grpo": advantages / (B * lengths), "dapo": advantages / lengths.sum(), "dr_grpo": advantages / (B * L)}
+    candidates = {"grpo": advantages / (B * lengths), "dapo": advantages / lengths.sum(),
+                  "dr_grpo": advantages / (B * L)}
     for name, per_row in candidates.items():
         if name != loss_type and np.allclose(got, per_row[:, None] * mask, atol=1e-4, rtol=1e-4):
             return f" (these are the weights of loss_type={name!r}, not {loss_type!r})"
