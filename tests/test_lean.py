@@ -82,3 +82,28 @@ def test_wanted_positions_equal_the_hf_forward(tokenizer):
     got = lean.hidden_states(model, ids, mask, positions, wanted=wanted)
     assert torch.allclose(got[wanted], ref[wanted], atol=AGREE, rtol=0)
     assert torch.count_nonzero(got[~wanted]) == 0  # the rest is not computed
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_shared_prompts_run_once_with_the_same_result_and_gradient(tokenizer, arch):
+    model = build_model("tiny", arch=arch, seed=7)
+    prompts = tokenizer(["1+2=", "33+44=", "q7: 9*10="], padding=True, padding_side="left", return_tensors="pt")
+    completions = tokenizer(["3", "77", "90", "4", "7x"], padding=True, padding_side="right", add_special_tokens=False,
+                            return_tensors="pt")
+    rows = torch.tensor([0, 0, 1, 2, 2])  # prompt of each row: groups of 2, 1 and 2
+    ids = torch.cat([prompts["input_ids"][rows], completions["input_ids"]], dim=1)
+    mask = torch.cat([prompts["attention_mask"][rows], completions["attention_mask"]], dim=1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    P = prompts["input_ids"].shape[1]
+    wanted = torch.zeros_like(mask, dtype=torch.bool)
+    wanted[:, P - 1 : -1] = completions["attention_mask"].bool()
+    results = []
+    for shared in (None, P):
+        model.zero_grad()
+        hidden = lean.hidden_states(model, ids, mask, positions, wanted=wanted, shared_prefix=shared)
+        hidden[wanted].square().sum().backward()
+        results.append((hidden[wanted].detach(), [p.grad.clone() for p in model.parameters()]))
+    (h0, g0), (h1, g1) = results
+    assert torch.allclose(h0, h1, atol=AGREE, rtol=0)
+    for a, b in zip(g0, g1):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)

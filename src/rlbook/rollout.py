@@ -364,7 +364,9 @@ def sequence_logprobs(
     if lean.supports(model):  # the same function, without padding and without the HF modules' per-call overhead
         wanted = torch.zeros_like(attention_mask, dtype=torch.bool)  # the positions that predict a scored token
         wanted[:, L - T - 1 : L - 1] = completion_mask.bool()
-        hidden = lean.hidden_states(model, input_ids, attention_mask, position_ids, wanted=wanted)  # (B, L, H)
+        # Rows that share their prompt (a group's G completions) run it once: shared_prefix = the prompt columns.
+        hidden = lean.hidden_states(model, input_ids, attention_mask, position_ids, wanted=wanted,
+                                    shared_prefix=L - T)  # (B, L, H)
     else:
         hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                       use_cache=False).last_hidden_state  # (B, L, H)

@@ -86,7 +86,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                  cache: LeanCache | None = None, wanted: torch.Tensor | None = None) -> torch.Tensor:
+                  cache: LeanCache | None = None, wanted: torch.Tensor | None = None,
+                  shared_prefix: int | None = None) -> torch.Tensor:
     """The last hidden states (B, L, H) of ``model.base_model`` for ``input_ids`` (B, L).
 
     ``attention_mask`` (B, S) covers every position the queries may see: the cached ones, then these ``L``
@@ -99,7 +100,14 @@ def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     attention scores. Padding is skipped, not computed and discarded, and padding positions come back as zeros.
     ``wanted`` (B, L) bool, optional, names the positions whose output the caller reads (those that predict a
     scored token): the last layer's output projection and MLP run on those alone, since nothing else reads them.
+
+    ``shared_prefix`` = P (without a cache): the first P columns are a prompt that several rows share (GRPO's G
+    completions of one prompt). Each distinct prompt then runs once, and the rows' completion tokens attend to its
+    keys and values, as sampling with a prefilled cache does; gradients from all G rows meet in the one prompt
+    computation. The returned prompt positions are those of the shared computation.
     """
+    if cache is None and shared_prefix:
+        return _grouped_hidden_states(model, input_ids, attention_mask, position_ids, wanted, shared_prefix)
     if cache is None:
         return _packed_hidden_states(model, input_ids, attention_mask, position_ids, wanted)
     body = model.base_model
@@ -189,3 +197,63 @@ def _packed_hidden_states(model, input_ids, attention_mask, position_ids, wanted
     x = _rms_norm(body.norm, x)
     where = flat if last is None else flat[last]
     return x.new_zeros((B * L, x.shape[-1])).index_copy(0, where, x).view(B, L, -1)
+
+
+def _grouped_hidden_states(model, input_ids, attention_mask, position_ids, wanted, P):
+    body = model.base_model
+    B, L = input_ids.shape
+    T, device = L - P, input_ids.device
+    prompts = torch.cat([input_ids[:, :P], attention_mask[:, :P]], dim=1)
+    unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)  # (U, 2P), (B,)
+    U = len(unique)
+    rep = torch.empty(U, dtype=torch.long, device=device).scatter_(0, inverse, torch.arange(B, device=device))
+    p_real, c_real = attention_mask[rep, :P].bool(), attention_mask[:, P:].bool()  # (U, P), (B, T)
+    p_flat, c_flat = p_real.reshape(-1).nonzero().squeeze(1), c_real.reshape(-1).nonzero().squeeze(1)
+    n_p = len(p_flat)
+    if wanted is None:
+        sel_p, sel_c = None, None
+    else:  # the last layer's output is needed only where some row reads it
+        need_p = torch.zeros((U, P), dtype=torch.int32, device=device).index_add_(0, inverse, wanted[:, :P].int())
+        sel_p = (need_p.reshape(-1)[p_flat] > 0).nonzero().squeeze(1)
+        sel_c = wanted[:, P:].reshape(-1)[c_flat].nonzero().squeeze(1)
+    ids = torch.cat([input_ids[rep, :P].reshape(-1)[p_flat], input_ids[:, P:].reshape(-1)[c_flat]])
+    positions = torch.cat([position_ids[rep, :P].reshape(-1)[p_flat], position_ids[:, P:].reshape(-1)[c_flat]])
+    x = body.embed_tokens(ids)  # (n_p + n_c, H): the distinct prompts' real tokens, then every completion token
+    cos, sin = body.rotary_emb(x[None], positions[None])
+    cos, sin = cos[0, :, None], sin[0, :, None]
+    visible_p = _causal(p_real[:, None, None, :], P, P, device)  # (U, 1, P, P)
+    visible_c = _causal(attention_mask[:, None, None, :].bool(), L, T, device)  # (B, 1, T, L)
+    n_layers = len(body.layers)
+
+    def unpack(t, flat, rows, width):  # (n, heads, d) -> (rows, heads, width, d), zeros at padding
+        full = t.new_zeros((rows * width, *t.shape[1:])).index_copy(0, flat, t)
+        return full.view(rows, width, *t.shape[1:]).transpose(1, 2)
+
+    for index, layer in enumerate(body.layers):
+        attn = layer.self_attn
+        h = _rms_norm(layer.input_layernorm, x)
+        q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(len(x), -1, attn.head_dim)
+        k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(len(x), -1, attn.head_dim)
+        v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(len(x), -1, attn.head_dim)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        kp, vp = unpack(k[:n_p], p_flat, U, P), unpack(v[:n_p], p_flat, U, P)  # (U, kv_heads, P, d)
+        out_p = _attend(attn, unpack(q[:n_p], p_flat, U, P), kp, vp, visible_p)
+        keys = torch.cat([kp[inverse], unpack(k[n_p:], c_flat, B, T)], dim=2)  # (B, kv_heads, L, d)
+        values = torch.cat([vp[inverse], unpack(v[n_p:], c_flat, B, T)], dim=2)
+        out_c = _attend(attn, unpack(q[n_p:], c_flat, B, T), keys, values, visible_c)
+        out_p = out_p.transpose(1, 2).reshape(U * P, -1)[p_flat]
+        out_c = out_c.transpose(1, 2).reshape(B * T, -1)[c_flat]
+        x_p, x_c = x[:n_p], x[n_p:]
+        if sel_p is not None and index == n_layers - 1:  # nothing reads the other positions' last-layer output
+            out_p, x_p, out_c, x_c = out_p[sel_p], x_p[sel_p], out_c[sel_c], x_c[sel_c]
+        out, x = torch.cat([out_p, out_c]), torch.cat([x_p, x_c])
+        x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+        x = x + _mlp(layer, x)
+    x = _rms_norm(body.norm, x)
+    where_p = p_flat if sel_p is None else p_flat[sel_p]
+    where_c = c_flat if sel_c is None else c_flat[sel_c]
+    H = x.shape[-1]
+    prompt_part = x.new_zeros((U * P, H)).index_copy(0, where_p, x[: len(where_p)]).view(U, P, H)[inverse]
+    completion_part = x.new_zeros((B * T, H)).index_copy(0, where_c, x[len(where_p):]).view(B, T, H)
+    return torch.cat([prompt_part, completion_part], dim=1)
