@@ -166,3 +166,35 @@ def test_drgrpo_stored_results_match_the_script():
     for name in script.PRESETS:
         assert len(stored["runs"][name]) == len(stored["seeds"])
         assert all(len(run["excess_wrong"]) == script.SETTINGS["max_steps"] for run in stored["runs"][name])
+
+
+# ---------------------------------------------------------------- GRPO chapter: GRPO against PPO at equal samples
+def test_grpo_training_reduced_run():
+    script = load_script("grpo_training")
+    for algorithm in script.ALGORITHMS:
+        record = script.run("arithmetic", algorithm, seed=0, steps=2, eval_every=1, eval_size=8,
+                            num_generations=4, per_device_train_batch_size=8)
+        assert record["eval_steps"] == [0, 1, 2] and all(0.0 <= a <= 1.0 for a in record["eval_accuracy"])
+        assert len(record["metrics"]["reward"]) == 2
+        if algorithm == "grpo":  # one on-policy update with k3 in the loss: nothing clipped, KL to the reference logged
+            assert record["metrics"]["clip_frac"] == [0.0, 0.0]
+            assert all(math.isfinite(x) and x >= 0.0 for x in record["metrics"]["kl_ref"])
+        else:
+            assert all(math.isfinite(x) for x in record["metrics"]["value_loss"])
+
+
+def test_grpo_stored_results_match_the_script():
+    """The stored comparison was made with the script's current settings; GRPO has >= 5 seeds."""
+    import json
+
+    path = EXPERIMENTS / "results" / "grpo_training.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} not stored yet")
+    script = load_script("grpo_training")
+    stored = json.loads(path.read_text())
+    for algorithm, spec in script.ALGORITHMS.items():
+        runs = [r for r in stored["runs"] if r["algorithm"] == algorithm]
+        assert len({r["seed"] for r in runs}) >= (5 if algorithm == "grpo" else 3), algorithm
+        for run in runs:
+            assert run["config"]["learning_rate"] == pytest.approx(spec["learning_rate"])
+            assert run["eval_steps"][-1] == run["config"]["max_steps"]
