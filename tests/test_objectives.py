@@ -350,3 +350,78 @@ def test_group_advantages_with_a_keep_mask_use_only_the_kept_completions():
     assert torch.all(one_kept == 0), "a single kept completion (or none) has no baseline to beat"
     with pytest.raises(ValueError, match="keep_mask must have"):
         group_advantages(rewards, 4, keep_mask=keep[:4])
+
+
+# --- RLHF and VAPO pieces -------------------------------------------------------------------------------------
+
+
+def test_rlhf_token_rewards_sum_to_score_minus_beta_kl_and_are_zero_on_padding():
+    from rlbook.objectives import rlhf_token_rewards
+
+    logp, _, _, ref_logp, mask = random_batch(lengths=(9, 1, 5, 3, 8, 2))
+    scores = torch.tensor([1.0, -2.0, 0.5, 3.0, 0.0, -1.0], dtype=torch.float64)
+    beta = 0.1
+    rewards = rlhf_token_rewards(scores, logp, ref_logp, mask, beta)
+    k1 = (logp - ref_logp) * mask
+    torch.testing.assert_close(rewards.sum(-1), scores - beta * k1.sum(-1))
+    assert torch.all(rewards[~mask.bool()] == 0)
+    last = mask.sum(-1).long() - 1
+    torch.testing.assert_close(rewards[torch.arange(6), last], scores - beta * k1[torch.arange(6), last])
+    k3 = rlhf_token_rewards(scores, logp, ref_logp, mask, beta, kl_kind="k3")
+    assert torch.all(k3.sum(-1) <= scores + 1e-12), "k3 >= 0: the penalty only lowers the reward"
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [(dict(beta=-0.1), "beta must be"), (dict(scores=torch.tensor([float("nan"), 0.0])), "scores must be finite"),
+     (dict(scores=torch.zeros(3)), "one per row"), (dict(mask=torch.tensor([[1, 1], [0, 0]])), "at least one")],
+)
+def test_rlhf_token_rewards_bad_input(kwargs, match):
+    from rlbook.objectives import rlhf_token_rewards
+
+    args = dict(scores=torch.zeros(2), logp=torch.zeros(2, 2), ref_logp=torch.zeros(2, 2), mask=torch.ones(2, 2),
+                beta=0.1)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        rlhf_token_rewards(**args)
+
+
+def test_adaptive_kl_controller_moves_beta_toward_the_target_by_at_most_20_percent_per_horizon():
+    from rlbook.objectives import adaptive_kl_coef
+
+    assert adaptive_kl_coef(0.1, kl=12.0, target=6.0, num_samples=10_000, horizon=10_000) == pytest.approx(0.12)
+    assert adaptive_kl_coef(0.1, kl=3.0, target=6.0, num_samples=100, horizon=10_000) == pytest.approx(0.1 * (1 - 0.2 * 0.01))
+    assert adaptive_kl_coef(0.1, kl=6.6, target=6.0, num_samples=100, horizon=1000) == pytest.approx(0.1 * (1 + 0.1 * 0.1))
+    assert adaptive_kl_coef(0.1, kl=6.0, target=6.0, num_samples=500) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="target and horizon must be positive"):
+        adaptive_kl_coef(0.1, 1.0, 0.0, 10)
+    with pytest.raises(ValueError, match="must be finite"):
+        adaptive_kl_coef(0.1, float("nan"), 1.0, 10)
+
+
+def test_length_adaptive_lambda_follows_vapo_and_is_clamped_for_short_completions():
+    from rlbook.objectives import length_adaptive_lam
+
+    lam = length_adaptive_lam(torch.tensor([10, 20, 40, 200, 1000]), alpha=0.05)
+    torch.testing.assert_close(lam, torch.tensor([0.0, 0.0, 0.5, 0.9, 0.98]))
+    assert torch.all((lam >= 0) & (lam <= 1))
+    with pytest.raises(ValueError, match="alpha must be positive"):
+        length_adaptive_lam(torch.tensor([5]), alpha=0.0)
+    with pytest.raises(ValueError, match="lengths must be positive"):
+        length_adaptive_lam(torch.tensor([0, 5]))
+
+
+def test_decoupled_gae_with_critic_lambda_one_targets_the_discounted_return():
+    """VAPO's value targets: with lambda = 1 the returns are the discounted sums of rewards, whatever V is."""
+    g = torch.Generator().manual_seed(5)
+    lengths = [6, 2, 4]
+    mask = ragged_mask(lengths, 6)
+    rewards = torch.randn(3, 6, generator=g, dtype=torch.float64) * mask
+    values = torch.randn(3, 6, generator=g, dtype=torch.float64) * mask
+    gamma = 0.9
+    _, returns = gae(rewards, values, mask, gamma, 1.0)
+    expected = torch.zeros(3, 6, dtype=torch.float64)
+    for i, n in enumerate(lengths):
+        for t in range(n):
+            expected[i, t] = sum(gamma**k * rewards[i, t + k] for k in range(n - t))
+    torch.testing.assert_close(returns, expected)

@@ -36,14 +36,15 @@ def weights(model):
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_runs_and_reports_finite_metrics(name):
     # the untrained model rarely ends within 4 tokens: keep truncated completions in the loss for this check
-    trainer = make_trainer(name, max_steps=2, eval_every=2, mask_truncated_completions=False)
+    short = {"value_pretrain_steps": 1} if PRESETS[name].get("value_pretrain_steps") else {}
+    trainer = make_trainer(name, max_steps=2, eval_every=2, mask_truncated_completions=False, **short)
     history = trainer.train(progress=False)
     assert [m["step"] for m in history] == [1, 2]
     last = history[-1]
     for key in ("reward", "accuracy", "completion_length", "clip_frac", "approx_kl", "policy_loss", "grad_norm",
                 "time_generate", "time_score", "time_update", "eval_accuracy"):
         assert key in last and math.isfinite(last[key]), key
-    assert ("value_loss" in last) == (name == "ppo")
+    assert ("value_loss" in last) == (PRESETS[name]["advantage_estimator"] == "gae")
 
 
 def test_the_update_changes_the_policy_and_reinforce_ratios_are_one():
@@ -73,7 +74,8 @@ def test_gradient_accumulation_with_dapo_equals_one_big_batch():
         trainer.train_step()
         runs.append(weights(trainer.policy))
     for key in runs[0]:
-        torch.testing.assert_close(runs[0][key], runs[1][key], rtol=1e-4, atol=1e-6)
+        # Adam divides by sqrt(v): float rounding in tiny gradients shows up at the 1e-6 level
+        torch.testing.assert_close(runs[0][key], runs[1][key], rtol=1e-4, atol=2e-5)
 
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
@@ -133,6 +135,12 @@ def test_a_reward_function_that_returns_nan_is_a_clear_error():
         (dict(epsilon=0.0), "epsilon"),
         (dict(beta=-1.0), "beta"),
         (dict(num_iterations=0), "num_iterations must be at least 1"),
+        (dict(advantage_estimator="gae", lam_critic=1.5), "lam_critic must lie in"),
+        (dict(advantage_estimator="gae", lam_alpha=0.0), "lam_alpha must be positive"),
+        (dict(kl_target=0.0), "kl_target must be positive"),
+        (dict(target_kl=-1.0), "target_kl must be positive"),
+        (dict(nll_coef=-0.1), "nll_coef and value_pretrain_steps"),
+        (dict(lam_alpha=0.05), "need advantage_estimator='gae'"),
     ],
 )
 def test_config_errors(kwargs, match):
@@ -156,7 +164,7 @@ def test_dynamic_sampling_drops_groups_with_equal_rewards_and_refills_the_batch(
     task = get_task("arithmetic", num_digits=1)
     config = preset("dapo", **{**SMALL, "per_device_train_batch_size": 16}, max_num_gen_batches=6)
     trainer = Trainer(build_model("tiny", seed=0), build_tokenizer(), task, config, reward_fn=some_groups_flat)
-    batch, examples, rewards, metrics = trainer._sample_groups()
+    batch, examples, rewards, metrics = trainer._sample_groups(trainer.step)
     assert len(examples) == config.num_prompts == 4 and len(batch) == 16
     assert np.all(rewards.reshape(-1, 4).std(-1) > 0), "no zero-variance group while rounds are left"
     assert all(int(e.prompt[0]) % 2 == 1 for e in examples)
@@ -180,15 +188,16 @@ def test_overlong_filtering_and_the_soft_overlong_punishment():
     seen = {}
     score = trainer._score
 
-    def spy(batch, rewards):
-        seen["batch"], seen["rewards"], seen["rollout"] = batch, rewards, score(batch, rewards)
+    def spy(batch, examples, rewards):
+        seen["batch"], seen["rollout"] = batch, score(batch, examples, rewards)
+        seen["rewards"] = seen["rollout"]["rewards"]
         return seen["rollout"]
 
     trainer._score = spy
     metrics = trainer.train_step()
     batch, rollout = seen["batch"], seen["rollout"]
     expected = soft_overlong_penalty(batch.lengths.numpy(), 4, 2)
-    np.testing.assert_allclose(seen["rewards"].numpy(), expected, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(seen["rewards"], expected, rtol=0, atol=1e-7)
     assert metrics["reward"] == pytest.approx(expected.mean())
     assert 0 < metrics["truncated_frac"] < 1, "the check needs both kinds of completion"
     truncated = batch.truncated
@@ -205,6 +214,68 @@ def test_dapo_preset_follows_the_paper_and_scales_its_buffer():
         RLConfig(max_completion_length=8, overlong_buffer_length=9)
 
 
+# --- RLHF and VAPO ---------------------------------------------------------------------------------------------
+
+
+def test_adaptive_kl_controller_updates_beta_from_the_measured_kl():
+    from rlbook.objectives import adaptive_kl_coef
+
+    trainer = make_trainer("ppo", beta=0.05, kl_target=1e-6, kl_horizon=100, max_steps=3, learning_rate=5e-3)
+    first, second, third = (trainer.train_step() for _ in range(3))
+    assert first["beta"] == 0.05 and first["kl_ref_sequence"] == pytest.approx(0.0, abs=1e-5)
+    assert second["beta"] == pytest.approx(adaptive_kl_coef(0.05, first["kl_ref_sequence"], 1e-6, 8, 100))
+    assert second["beta"] < 0.05, "no KL yet (the policy is its reference): beta shrinks"
+    assert second["kl_ref_sequence"] > 1e-6, "after an update at a high learning rate the policy has moved"
+    assert third["beta"] > second["beta"], "KL above a tiny target raises beta"
+
+
+def test_early_stopping_on_kl_ends_the_rollouts_updates():
+    trainer = make_trainer("ppo", num_iterations=4, learning_rate=5e-2, target_kl=1e-9, max_steps=1)
+    metrics = trainer.train_step()
+    assert metrics["early_stopped"] == 1.0 and metrics["optimizer_steps"] < 4
+    assert make_trainer("ppo", num_iterations=4, max_steps=1).train_step()["optimizer_steps"] == 4
+
+
+def test_vapo_nll_term_is_the_token_mean_nll_of_the_correct_completions_only():
+    task = get_task("arithmetic", num_digits=1)
+    # the task's rule for this test: a completion of even length is "correct"
+    task.rewards = lambda examples, completions, truncated: np.array(
+        [task.correct_reward if len(c) % 2 == 0 else task.incorrect_reward for c in completions])
+    config = preset("vapo", **SMALL, value_pretrain_steps=0, mask_truncated_completions=False)
+    trainer = Trainer(build_model("tiny", seed=0), build_tokenizer(), task, config)
+    seen = {}
+    update = trainer._update
+    trainer._update = lambda rollout, value_only=False: seen.setdefault("rollout", rollout) and update(rollout)
+    metrics = trainer.train_step()
+    rollout = seen["rollout"]
+    correct = rollout["correct"]
+    assert 0 < correct.float().mean() < 1, "the check needs both kinds of completion"
+    tokens = rollout["loss_mask"] * correct[:, None]
+    expected = -(rollout["old_logp"] * tokens).sum() / tokens.sum()
+    assert metrics["nll_loss"] == pytest.approx(expected.item(), rel=1e-4)
+    assert metrics["accuracy"] == pytest.approx(correct.float().mean().item())
+
+
+def test_value_pretraining_fits_the_critic_and_leaves_the_policy_alone():
+    trainer = make_trainer("vapo", value_pretrain_steps=3, max_steps=1, mask_truncated_completions=False)
+    policy_before, value_before = weights(trainer.policy), weights(trainer.value_model)
+    history = trainer.pretrain_value(3)
+    assert len(history) == 3 and all("value_loss" in m and "policy_loss" not in m for m in history)
+    assert all(torch.allclose(policy_before[k], v) for k, v in trainer.policy.state_dict().items())
+    assert any(not torch.allclose(value_before[k], v) for k, v in trainer.value_model.state_dict().items())
+    assert trainer.step == 0
+    with pytest.raises(ValueError, match="needs a value model"):
+        make_trainer("grpo").pretrain_value(1)
+
+
+def test_a_reward_model_gives_the_reward_and_the_task_rule_the_accuracy():
+    task = get_task("arithmetic", num_digits=1)
+    trainer = Trainer(build_model("tiny", seed=0), build_tokenizer(), task, preset("rloo", **SMALL),
+                      reward_fn=length_reward)
+    metrics = trainer.train_step()
+    assert metrics["reward"] > 0 and metrics["accuracy"] == 0.0, "an untrained model is never right"
+
+
 # --- the value model ------------------------------------------------------------------------------------------
 
 
@@ -217,6 +288,8 @@ def test_value_model_copies_the_policy_body_and_starts_at_zero(tokenizer):
     values = token_values(value_model, batch.input_ids, batch.attention_mask, batch.completion_mask)
     assert values.shape == batch.completion_mask.shape and torch.all(values == 0)
     with pytest.raises(ValueError, match="unknown value-model init"):
+        build_value_model(policy, init="critic")
+    with pytest.raises(ValueError, match="pass reward_model= exactly when"):
         build_value_model(policy, init="reward_model")
 
 

@@ -184,6 +184,72 @@ def _check_groups(rewards: torch.Tensor, num_generations: int) -> int:
     return num_generations
 
 
+def rlhf_token_rewards(
+    scores: torch.Tensor,
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+    kl_kind: str = "k1",
+) -> torch.Tensor:
+    """The per-token reward of PPO for RLHF (InstructGPT, TRL, OpenRLHF), (B, T):
+
+        r_t = −β · k_t(π ‖ π_ref)  at every completion token,  plus the sequence's ``score`` at its last token,
+
+    so each row sums to score − β Σ_t k_t and padding gets 0. ``scores`` (B,) come from a reward model or a rule;
+    ``kl_kind`` is the per-token estimator (k1 in InstructGPT and by default in TRL's PPO). verl, OpenRLHF and we
+    put the score at the last real token; TRL's PPO puts it one position later.
+    """
+    if beta < 0 or not math.isfinite(beta):
+        raise ValueError(f"beta must be a finite number >= 0, got {beta}")
+    _check_same_shape(logp=logp, ref_logp=ref_logp, mask=mask)
+    mask = mask.bool()
+    if scores.shape != logp.shape[:1]:
+        raise ValueError(f"scores must be one per row, shape ({logp.shape[0]},), got {tuple(scores.shape)}")
+    if not bool(torch.isfinite(scores).all()):
+        raise ValueError(f"scores must be finite, got {scores.tolist()}")
+    lengths = mask.sum(-1)
+    if not bool((lengths > 0).all()):
+        raise ValueError(f"every row needs at least one completion token; rows {(lengths == 0).nonzero().flatten().tolist()} have none")
+    _check_right_padded(mask)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    kl = torch.where(mask, kl_estimate(torch.where(mask, logp, zero), torch.where(mask, ref_logp, zero), kl_kind), zero)
+    rewards = -beta * kl
+    rewards[torch.arange(len(scores), device=scores.device), lengths - 1] += scores.to(rewards.dtype)
+    return rewards
+
+
+def adaptive_kl_coef(beta: float, kl: float, target: float, num_samples: int, horizon: int = 10_000) -> float:
+    """The adaptive KL controller of Ziegler et al. (2019), as TRL and OpenRLHF implement it: the next β.
+
+        e = clip(KL / target − 1, −0.2, 0.2),    β ← β · (1 + e · num_samples / horizon)
+
+    β grows while the measured KL (to the reference, per sequence) exceeds the target and shrinks below it, by at
+    most 20 % per ``horizon`` samples. Implementation practice, not part of the PPO paper.
+    """
+    if not target > 0 or not horizon > 0 or num_samples < 0:
+        raise ValueError(f"target and horizon must be positive and num_samples >= 0, got {target}, {horizon}, {num_samples}")
+    if not math.isfinite(kl):
+        raise ValueError(f"the measured KL must be finite, got {kl}")
+    error = min(max(kl / target - 1.0, -0.2), 0.2)
+    return beta * (1.0 + error * num_samples / horizon)
+
+
+def length_adaptive_lam(lengths: torch.Tensor, alpha: float = 0.05) -> torch.Tensor:
+    """VAPO's length-adaptive λ for the policy's GAE, one per row: λ = 1 − 1/(α·l) for a completion of l tokens.
+
+    Long completions get λ close to 1 (little bias from bootstrapping over many tokens), short ones a smaller λ
+    (less variance). The formula is negative for α·l < 1, where the paper is silent; we clamp λ to [0, 1], so a
+    completion shorter than 1/α tokens uses λ = 0 (one-step TD), which is the formula's limit at α·l = 1.
+    """
+    if not alpha > 0:
+        raise ValueError(f"alpha must be positive, got {alpha}")
+    lengths = lengths.to(torch.float64)
+    if bool((lengths <= 0).any()):
+        raise ValueError(f"lengths must be positive, got {lengths.tolist()}")
+    return (1.0 - 1.0 / (alpha * lengths)).clamp(min=0.0, max=1.0).to(torch.float32)
+
+
 # --- the policy loss -------------------------------------------------------------------------------------------
 
 

@@ -34,13 +34,16 @@ from tqdm import tqdm
 from rlbook.lm import autocast
 from rlbook.lm.value import build_value_model, token_values
 from rlbook.objectives import (
+    adaptive_kl_coef,
     gae,
     group_advantages,
     kl_estimate,
     leave_one_out_advantages,
+    length_adaptive_lam,
     masked_mean,
     masked_whiten,
     policy_loss,
+    rlhf_token_rewards,
     value_loss,
 )
 from rlbook.rollout import RolloutBatch, concat_rollouts, generate_rollouts, sequence_logprobs
@@ -87,6 +90,15 @@ class RLConfig:
     cliprange_value: float | None = 0.2
     whiten_advantages: bool = True
     value_init: str = "policy"
+    # KL control (implementation practice, not the PPO paper: erratum E3)
+    kl_target: float | None = None  # adaptive KL controller (Ziegler et al. 2019): beta adapts toward this KL
+    kl_horizon: int = 10_000  # ... by at most 20 % per kl_horizon completions
+    target_kl: float | None = None  # early stop: end this rollout's updates once approx_kl > 1.5 * target_kl
+    # VAPO (advantage_estimator="gae")
+    lam_critic: float | None = None  # decoupled GAE: the value targets' lambda (VAPO: 1.0); None: lam
+    lam_alpha: float | None = None  # length-adaptive lambda for the policy, 1 - 1/(alpha * l) (VAPO: 0.05)
+    nll_coef: float = 0.0  # VAPO's mu: + mu * token-mean NLL of the correct completions
+    value_pretrain_steps: int = 0  # VAPO: fit the value model alone on the initial policy's rollouts first
     # the run
     max_steps: int = 100
     seed: int = 0
@@ -125,6 +137,19 @@ class RLConfig:
         if self.overlong_buffer_length is not None and not 1 <= self.overlong_buffer_length <= self.max_completion_length:
             raise ValueError(f"overlong_buffer_length must lie in [1, max_completion_length = "
                              f"{self.max_completion_length}], got {self.overlong_buffer_length}")
+        if self.lam_critic is not None and not 0 <= self.lam_critic <= 1:
+            raise ValueError(f"lam_critic must lie in [0, 1], got {self.lam_critic}")
+        if self.lam_alpha is not None and not self.lam_alpha > 0:
+            raise ValueError(f"lam_alpha must be positive, got {self.lam_alpha}")
+        for name in ("kl_target", "target_kl"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive or None, got {getattr(self, name)}")
+        if self.nll_coef < 0 or self.value_pretrain_steps < 0 or self.kl_horizon < 1:
+            raise ValueError(f"nll_coef and value_pretrain_steps must be >= 0 and kl_horizon >= 1, got "
+                             f"{self.nll_coef}, {self.value_pretrain_steps}, {self.kl_horizon}")
+        if self.advantage_estimator != "gae" and (self.lam_critic is not None or self.lam_alpha is not None
+                                                  or self.value_pretrain_steps):
+            raise ValueError("lam_critic, lam_alpha and value_pretrain_steps need advantage_estimator='gae'")
         if self.dynamic_sampling and self.num_generations < 2:
             raise ValueError("dynamic_sampling needs num_generations >= 2 (a group of one always has equal rewards)")
 
@@ -158,6 +183,12 @@ PRESETS: dict[str, dict] = {
     # overlong punishment (the paper's buffer is 4,096 of 20,480 tokens; here a quarter of the budget).
     "dapo": dict(advantage_estimator="grpo", scale_rewards="group", loss_type="dapo", beta=0.0, epsilon=0.2,
                  epsilon_high=0.28, dynamic_sampling=True, mask_truncated_completions=True),
+    # VAPO's seven techniques: value pretraining, decoupled GAE (critic lambda 1), length-adaptive policy lambda
+    # (alpha 0.05), token-level loss, clip-higher (0.2 / 0.28), NLL on correct completions (mu 0.1), and group
+    # sampling (several completions per prompt: num_generations). Paper: 50 value-pretraining steps.
+    "vapo": dict(advantage_estimator="gae", loss_type="dapo", epsilon=0.2, epsilon_high=0.28, gamma=1.0,
+                 lam=0.95, lam_critic=1.0, lam_alpha=0.05, nll_coef=0.1, value_pretrain_steps=50,
+                 whiten_advantages=True, num_iterations=1),
 }
 
 
@@ -191,6 +222,8 @@ class Trainer:
         self.value_model = value_model if config.advantage_estimator == "gae" else None
         params = list(policy.parameters()) + (list(self.value_model.parameters()) if self.value_model else [])
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+        self.kl_coef = config.beta  # moves when kl_target is set (adaptive KL controller)
+        self.value_pretrain_history: list[dict] = []
         self.step = 0
         self.history: list[dict] = []
         self.log_file = Path(log_file) if log_file else None
@@ -201,6 +234,8 @@ class Trainer:
     def train(self, steps: int | None = None, progress: bool = True) -> list[dict]:
         """Run ``steps`` more steps (default: up to ``config.max_steps``); returns the whole ``history``."""
         steps = self.config.max_steps - self.step if steps is None else steps
+        if self.step == 0 and self.config.value_pretrain_steps and not self.value_pretrain_history:
+            self.pretrain_value(self.config.value_pretrain_steps)
         bar = tqdm(range(steps), desc="RL", disable=not progress, mininterval=1.0)
         for _ in bar:
             metrics = self.train_step()
@@ -212,31 +247,34 @@ class Trainer:
         """Sample, score, compute advantages, update; returns this step's metrics."""
         config = self.config
         timer = time.perf_counter()
-        batch, examples, rewards, round_metrics = self._sample_groups()
+        batch, examples, rewards, round_metrics = self._sample_groups(self.step)
         time_generate = time.perf_counter() - timer - round_metrics.pop("time_score")
 
         timer = time.perf_counter()
-        task_rewards = rewards
-        if config.overlong_buffer_length is not None:  # DAPO's soft overlong punishment, added to the reward
-            rewards = rewards + soft_overlong_penalty(batch.lengths.cpu().numpy(), config.max_completion_length,
-                                                      config.overlong_buffer_length)
-        rollout = self._score(batch, torch.as_tensor(rewards, dtype=torch.float32, device=self.device))
+        rollout = self._score(batch, examples, rewards)
         time_score = time.perf_counter() - timer
 
         timer = time.perf_counter()
         update_metrics = self._update(rollout)
         time_update = time.perf_counter() - timer
 
+        beta_used = self.kl_coef
+        if config.kl_target is not None and "kl_ref_sequence" in rollout["metrics"]:
+            self.kl_coef = adaptive_kl_coef(self.kl_coef, rollout["metrics"]["kl_ref_sequence"], config.kl_target,
+                                            len(batch), config.kl_horizon)
+        rewards = rollout["rewards"]
+
         metrics = {
             "step": self.step + 1,
             "reward": float(rewards.mean()),
             "reward_std": float(rewards.std()),
-            "accuracy": float(np.mean(task_rewards == self.task.correct_reward)),
+            "accuracy": float(rollout["correct"].float().mean()),  # the task's rule, whatever reward_fn is
             "completion_length": float(batch.lengths.float().mean()),
             "truncated_frac": float(batch.truncated.float().mean()),
             **round_metrics,
             **rollout["metrics"],
             **update_metrics,
+            **({"beta": beta_used} if config.beta > 0 else {}),
             "time_generate": time_generate,
             "time_score": time_score,
             "time_update": time_update,
@@ -250,7 +288,7 @@ class Trainer:
                 f.write(json.dumps(metrics) + "\n")
         return metrics
 
-    def _sample_groups(self):
+    def _sample_groups(self, step: int):
         """``(batch, examples, task rewards, metrics)`` for this step's ``num_prompts`` groups.
 
         With ``dynamic_sampling`` (DAPO), groups whose rewards are all equal (all right or all wrong: their
@@ -262,13 +300,13 @@ class Trainer:
         config, G = self.config, self.config.num_generations
         kept_batches, kept_examples, kept_rewards, time_score = [], [], [], 0.0
         for round_ in range(config.max_num_gen_batches if config.dynamic_sampling else 1):
-            prompt_seed = [config.seed, self.step] + ([round_] if round_ else [])
+            prompt_seed = [config.seed, step] + ([round_] if round_ else [])
             examples = self.task.sample(config.num_prompts, split="train", seed=np.random.default_rng(prompt_seed))
             with autocast(self.device):
                 batch = generate_rollouts(self.policy, self.tokenizer, [e.prompt for e in examples],
                                           num_generations=G, max_new_tokens=config.max_completion_length,
                                           temperature=config.temperature,
-                                          seed=_seed(config.seed, self.step, round_), device=self.device)
+                                          seed=_seed(config.seed, step, round_), device=self.device)
             timer = time.perf_counter()
             rewards = self._rewards(examples, batch)
             time_score += time.perf_counter() - timer
@@ -293,11 +331,13 @@ class Trainer:
         batch = concat_rollouts([b for b in kept_batches if len(b)], self.tokenizer.pad_token_id)
         return batch, [e for part in kept_examples for e in part], np.concatenate(kept_rewards), metrics
 
-    def _rewards(self, examples, batch: RolloutBatch) -> np.ndarray:
-        """The task's (or ``reward_fn``'s) reward of every completion, (B,) float64; non-finite rewards are an error."""
+    def _rewards(self, examples, batch: RolloutBatch, reward_fn=None) -> np.ndarray:
+        """``reward_fn``'s (default: the trainer's) reward of every completion, (B,) float64; non-finite rewards
+        are an error."""
         repeated = [e for e in examples for _ in range(self.config.num_generations)]
-        rewards = np.asarray(self.reward_fn(repeated, batch.decode_completions(self.tokenizer),
-                                            batch.truncated.tolist()), dtype=np.float64)
+        reward_fn = reward_fn or self.reward_fn
+        rewards = np.asarray(reward_fn(repeated, batch.decode_completions(self.tokenizer), batch.truncated.tolist()),
+                             dtype=np.float64)
         if rewards.shape != (len(batch),) or not np.isfinite(rewards).all():
             raise ValueError(f"the reward function must return {len(batch)} finite rewards, got shape "
                              f"{rewards.shape} with {int((~np.isfinite(rewards)).sum())} non-finite")
@@ -314,11 +354,21 @@ class Trainer:
     # --- scoring: advantages and the old policy's numbers ---------------------------------------------------
 
     @torch.no_grad()
-    def _score(self, batch: RolloutBatch, rewards: torch.Tensor) -> dict:
+    def _score(self, batch: RolloutBatch, examples, rewards: np.ndarray) -> dict:
+        """Everything the update needs from one rollout: old log-probs (and the reference's and the critic's),
+        the rewards after shaping, the task's verdict, and the advantages."""
         config = self.config
         mask = batch.completion_mask.float()
         input_ids, attention_mask = batch.input_ids, batch.attention_mask
         out = {"input_ids": input_ids, "attention_mask": attention_mask, "mask": mask, "metrics": {}}
+        # The task's rule decides what is correct, also when a reward model gives the reward (the gold metric).
+        gold = rewards if self.reward_fn == self.task.rewards else self._rewards(examples, batch, self.task.rewards)
+        out["correct"] = torch.as_tensor(gold == self.task.correct_reward, device=self.device)
+        if config.overlong_buffer_length is not None:  # DAPO's soft overlong punishment, added to the reward
+            rewards = rewards + soft_overlong_penalty(batch.lengths.cpu().numpy(), config.max_completion_length,
+                                                      config.overlong_buffer_length)
+        out["rewards"] = rewards
+        scores = torch.as_tensor(rewards, dtype=torch.float32, device=self.device)
         # Overlong filtering (DAPO): a completion cut off at the budget gets no loss; its reward still counts in
         # its group's mean and std.
         out["loss_mask"] = mask * (~batch.truncated)[:, None] if config.mask_truncated_completions else mask
@@ -333,38 +383,43 @@ class Trainer:
             if self.reference is not None:
                 out["ref_logp"] = sequence_logprobs(self.reference, input_ids, attention_mask, mask,
                                                     temperature=config.temperature)
+                kl = kl_estimate(out["old_logp"], out["ref_logp"], "k1") * mask
+                out["metrics"]["kl_ref"] = masked_mean(kl, mask).item()  # per token (k1)
+                out["metrics"]["kl_ref_sequence"] = kl.sum(-1).mean().item()  # per completion: what kl_target aims at
             if self.value_model is not None:
                 out["old_values"] = token_values(self.value_model, input_ids, attention_mask, mask)
 
         G = config.num_generations
         if config.advantage_estimator == "gae":
-            # The task's reward arrives at the last real token; with beta > 0 a KL penalty at every token
-            # (k1, as InstructGPT and TRL's PPO put it in the reward rather than the loss).
-            token_rewards = torch.zeros_like(mask)
-            token_rewards[torch.arange(len(batch)), batch.lengths - 1] = rewards
-            if self.reference is not None:
-                kl = kl_estimate(out["old_logp"], out["ref_logp"], "k1") * mask
-                token_rewards = token_rewards - config.beta * kl
-                out["metrics"]["kl_ref"] = masked_mean(kl, mask).item()
-            advantages, returns = gae(token_rewards, out["old_values"], mask, config.gamma, config.lam)
+            # The score arrives at the last real token; with beta > 0, -beta * k1 at every token (InstructGPT and
+            # TRL's PPO put the KL in the reward, GRPO puts it in the loss).
+            ref_logp = out.get("ref_logp", out["old_logp"])
+            token_rewards = rlhf_token_rewards(scores, out["old_logp"], ref_logp, mask, self.kl_coef)
+            lam_policy = config.lam if config.lam_alpha is None else length_adaptive_lam(batch.lengths, config.lam_alpha)
+            lam_critic = config.lam if config.lam_critic is None else config.lam_critic
+            advantages, returns = gae(token_rewards, out["old_values"], mask, config.gamma, lam_policy)
+            if config.lam_critic is not None or config.lam_alpha is not None:  # decoupled GAE (VAPO)
+                _, returns = gae(token_rewards, out["old_values"], mask, config.gamma, lam_critic)
             out["returns"] = returns
             out["metrics"].update(_explained_variance(out["old_values"], returns, mask))
             if config.whiten_advantages:
                 advantages = masked_whiten(advantages, mask)
         elif config.advantage_estimator == "reinforce":
-            advantages = rewards
+            advantages = scores
         elif config.advantage_estimator == "group_mean":
-            advantages = group_advantages(rewards, G, scale_rewards="none")
+            advantages = group_advantages(scores, G, scale_rewards="none")
         elif config.advantage_estimator == "rloo":
-            advantages = leave_one_out_advantages(rewards, G)
+            advantages = leave_one_out_advantages(scores, G)
         else:
-            advantages = group_advantages(rewards, G, scale_rewards=config.scale_rewards)
+            advantages = group_advantages(scores, G, scale_rewards=config.scale_rewards)
         out["advantages"] = advantages
         return out
 
     # --- the update -----------------------------------------------------------------------------------------
 
-    def _update(self, rollout: dict) -> dict:
+    def _update(self, rollout: dict, value_only: bool = False) -> dict:
+        """``num_iterations`` passes over the rollout in shuffled minibatches, one optimizer step per
+        ``gradient_accumulation_steps`` micro-batches; stops early once ``approx_kl`` passes 1.5 · ``target_kl``."""
         config = self.config
         B = rollout["mask"].shape[0]
         micro = config.per_device_train_batch_size
@@ -374,21 +429,32 @@ class Trainer:
         self.policy.train()
         if self.value_model is not None:
             self.value_model.train()
+        optimizer_steps, stopped = 0, False
         for _ in range(config.num_iterations):
             order = torch.randperm(B, generator=generator).to(self.device)
             for start in range(0, B, micro * accumulate):
                 rows_of_step = order[start : start + micro * accumulate]
                 tokens_of_step = rollout["loss_mask"][rows_of_step].sum()  # dapo's num_items_in_batch
                 self.optimizer.zero_grad(set_to_none=True)
+                step_kl = []
                 for micro_start in range(0, len(rows_of_step), micro):
                     rows = rows_of_step[micro_start : micro_start + micro]
-                    metrics = self._micro_batch_backward(rollout, rows, tokens_of_step, accumulate)
+                    metrics = self._micro_batch_backward(rollout, rows, tokens_of_step, accumulate, value_only)
                     for key, value in metrics.items():
                         sums.setdefault(key, []).append(value)
-                params = [p for group in self.optimizer.param_groups for p in group["params"]]
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
-                sums.setdefault("grad_norm", []).append(grad_norm.item())
-                self.optimizer.step()
+                    step_kl += [metrics["approx_kl"]] if "approx_kl" in metrics else []
+                params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+                if params:
+                    grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                    sums.setdefault("grad_norm", []).append(grad_norm.item())
+                    self.optimizer.step()
+                    optimizer_steps += 1
+                # Early stopping on KL (Spinning Up's PPO): the policy has moved far enough from the one that sampled.
+                if config.target_kl is not None and step_kl and np.mean(step_kl) > 1.5 * config.target_kl:
+                    stopped = True
+                    break
+            if stopped:
+                break
         self.policy.eval()
         if self.value_model is not None:
             self.value_model.eval()
@@ -396,17 +462,20 @@ class Trainer:
         for key in ("ratio_min", "ratio_max"):  # extremes over the whole update, not means of extremes
             if key in sums:
                 reduced[key] = float((np.min if key == "ratio_min" else np.max)(sums[key]))
+        reduced["optimizer_steps"] = optimizer_steps
+        if config.target_kl is not None:
+            reduced["early_stopped"] = float(stopped)
         return reduced
 
-    def _micro_batch_backward(self, rollout, rows, tokens_of_step, accumulate) -> dict:
+    def _micro_batch_backward(self, rollout, rows, tokens_of_step, accumulate, value_only=False) -> dict:
         config = self.config
         mask, loss_mask = rollout["mask"][rows], rollout["loss_mask"][rows]
         input_ids, attention_mask = rollout["input_ids"][rows], rollout["attention_mask"][rows]
         metrics, loss = {}, torch.zeros((), device=self.device)
         with autocast(self.device):
-            if bool(loss_mask.any()):  # else every completion here was cut off and filtered out
+            if not value_only and bool(loss_mask.any()):  # else every completion here was filtered out
                 logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask, temperature=config.temperature)
-                kl_in_loss = config.beta if config.advantage_estimator != "gae" else 0.0
+                kl_in_loss = self.kl_coef if config.advantage_estimator != "gae" else 0.0
                 loss, metrics = policy_loss(
                     logp, rollout["old_logp"][rows], rollout["advantages"][rows], loss_mask,
                     epsilon=config.epsilon, epsilon_high=config.epsilon_high, loss_type=config.loss_type,
@@ -416,6 +485,12 @@ class Trainer:
                 if config.loss_type != "dapo":  # dapo's denominator already counts the accumulated batch
                     loss = loss / accumulate
                 metrics["policy_loss"] = loss.item()
+                correct_tokens = loss_mask * rollout["correct"][rows, None]
+                if config.nll_coef > 0 and bool(correct_tokens.any()):
+                    # VAPO: imitate the correct completions too (a token-mean NLL over them only)
+                    nll = -masked_mean(logp, correct_tokens)
+                    loss = loss + config.nll_coef * nll / accumulate
+                    metrics["nll_loss"] = nll.item()
             if self.value_model is not None:
                 values = token_values(self.value_model, input_ids, attention_mask, mask)
                 v_loss = value_loss(values, rollout["old_values"][rows], rollout["returns"][rows], mask,
@@ -425,6 +500,20 @@ class Trainer:
         if loss.requires_grad:
             loss.backward()
         return metrics
+
+    def pretrain_value(self, steps: int) -> list[dict]:
+        """VAPO's value pretraining: ``steps`` rounds of sampling from the (frozen) current policy and fitting
+        only the value model, to the targets of ``lam_critic`` (Monte Carlo returns at 1), so that PPO starts from
+        a critic that already knows the task instead of one whose errors bias the first advantages."""
+        if self.value_model is None:
+            raise ValueError("pretrain_value needs a value model (advantage_estimator='gae')")
+        for k in range(steps):
+            pretrain_step = 10**6 + k  # its own seed stream, apart from the training steps'
+            batch, examples, rewards, _ = self._sample_groups(pretrain_step)
+            rollout = self._score(batch, examples, rewards)
+            metrics = self._update(rollout, value_only=True)
+            self.value_pretrain_history.append({"step": k + 1, **rollout["metrics"], **metrics})
+        return self.value_pretrain_history
 
     # --- saving and resuming --------------------------------------------------------------------------------
 
@@ -438,6 +527,8 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "step": self.step,
             "history": self.history,
+            "kl_coef": self.kl_coef,
+            "value_pretrain_history": self.value_pretrain_history,
             "config": dataclasses.asdict(self.config),
         }
         torch.save(state, path / "trainer_state.pt")
@@ -453,7 +544,8 @@ class Trainer:
         if self.value_model is not None:
             self.value_model.load_state_dict(state["value_model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.step, self.history = state["step"], state["history"]
+        self.step, self.history, self.kl_coef = state["step"], state["history"], state["kl_coef"]
+        self.value_pretrain_history = state["value_pretrain_history"]
         return self
 
 

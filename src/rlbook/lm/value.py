@@ -12,7 +12,8 @@ Initialisation (choose with ``init``):
   rewards. verl's examples do this when the critic path is the actor's checkpoint.
 - ``"random"``: a fresh model of the same shape (seeded), for comparison.
 
-InstructGPT and TRL initialise the value model from the *reward model* instead; the RLHF chapter does that.
+- ``"reward_model"``: copy the body *and* the head of a reward model (``reward_model=``), as InstructGPT and TRL
+  do: the critic then starts out predicting the final score from every prefix.
 """
 
 from __future__ import annotations
@@ -23,21 +24,38 @@ from transformers import AutoModelForTokenClassification, PreTrainedModel
 from rlbook.lm.device import resolve_device
 
 
-def build_value_model(policy: PreTrainedModel, init: str = "policy", seed: int = 0) -> PreTrainedModel:
-    """A value model shaped like ``policy`` (``…ForTokenClassification``, one label, no dropout), on its device."""
-    if init not in ("policy", "random"):
-        raise ValueError(f"unknown value-model init {init!r}; choose 'policy' or 'random'")
+def scalar_head_model(policy: PreTrainedModel, auto_class, seed: int = 0) -> PreTrainedModel:
+    """A fresh ``auto_class`` model (``AutoModelFor{Token,Sequence}Classification``) with ``policy``'s config, one
+    label and no dropout (transformers' default is 0.1; RLHF implementations turn dropout off), seeded."""
     config = policy.config.__class__.from_dict(policy.config.to_dict())
     config.num_labels = 1
-    config.classifier_dropout = 0.0  # transformers' default is 0.1; PPO implementations turn dropout off
+    config.classifier_dropout = 0.0
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        value_model = AutoModelForTokenClassification.from_config(config)
-    if init == "policy":
-        value_model.base_model.load_state_dict(policy.base_model.state_dict())
-        torch.nn.init.zeros_(value_model.score.weight)
-        if value_model.score.bias is not None:
-            torch.nn.init.zeros_(value_model.score.bias)
+        return auto_class.from_config(config)
+
+
+def build_value_model(policy: PreTrainedModel, init: str = "policy", seed: int = 0,
+                      reward_model: PreTrainedModel | None = None) -> PreTrainedModel:
+    """A value model shaped like ``policy`` (``…ForTokenClassification``, one label, no dropout), on its device."""
+    if init not in ("policy", "random", "reward_model"):
+        raise ValueError(f"unknown value-model init {init!r}; choose 'policy', 'random' or 'reward_model'")
+    if (init == "reward_model") != (reward_model is not None):
+        raise ValueError("pass reward_model= exactly when init='reward_model'")
+    value_model = scalar_head_model(policy, AutoModelForTokenClassification, seed)
+    if init in ("policy", "reward_model"):
+        source = policy if init == "policy" else reward_model
+        value_model.base_model.load_state_dict(source.base_model.state_dict())
+        with torch.no_grad():
+            if init == "policy":
+                value_model.score.weight.zero_()
+            else:
+                value_model.score.weight.copy_(reward_model.score.weight)
+            source_bias = reward_model.score.bias if init == "reward_model" else None
+            if value_model.score.bias is not None and source_bias is not None:
+                value_model.score.bias.copy_(source_bias)
+            elif value_model.score.bias is not None:
+                value_model.score.bias.zero_()
     return value_model.to(resolve_device(None, policy)).eval()
 
 
