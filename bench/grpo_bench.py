@@ -16,8 +16,9 @@ Three measurements:
    two TRL steps), so both see the same background load. Phases: ours from its own ``time_*`` metrics; TRL's
    from wrapping ``_generate`` (generate) and ``_generate_and_score_completions`` (generate + score); its update
    is the rest of the step (loss, backward, clipping, optimizer, its logging);
-2. ``curves``: the reward of each step over ``--curve-steps`` steps for ``--seeds`` seeds of each trainer (the
-   seed changes the sampling, not the start or the prompts), stored as JSON and plotted with min-max bands;
+2. ``curves``: the reward of each step over ``--curve-steps`` steps for ``--seeds`` seeds of each trainer (a
+   seed sets the prompt stream, the same for both, and the sampling; the start is the same), stored as JSON and
+   plotted with min-max bands;
 3. ``memory``: each trainer alone in a fresh process for a few steps, its peak resident set size (``ru_maxrss``),
    and the same for a process that only loads the libraries and the model (the baseline).
 
@@ -90,7 +91,7 @@ def trl_trainer(model, tokenizer, task, args, seed: int, steps: int, callbacks=(
     from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    examples = step_examples(task, 0, steps, args.num_prompts)  # the prompt stream of our seed-0 run
+    examples = step_examples(task, seed, steps, args.num_prompts)  # our run's prompt stream, in order
     dataset = Dataset.from_dict({"prompt": [e.prompt for e in examples], "index": list(range(len(examples)))})
     eos = tokenizer.eos_token_id
 
@@ -314,9 +315,13 @@ def main(argv=None) -> None:
         result["memory"] = memory = run_memory(args)
         print(f"\npeak RSS of a fresh process ({args.models[0]}, {args.memory_steps} steps): "
               + ", ".join(f"{k} {v:.0f} MiB" for k, v in memory.items()))
-    out = RESULTS / f"grpo_bench{tag}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"\nstored in {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
+    header = {k: result[k] for k in ("command", "environment", "settings")}
+    for what in ("speed", "curves", "memory"):  # one file per measurement, so that each can be rerun alone
+        if what in result:
+            out = RESULTS / f"grpo_{what}{tag}.json"
+            extra = {"curves_summary": result["curves_summary"]} if what == "curves" else {}
+            out.write_text(json.dumps({**header, **extra, what: result[what]}, indent=1) + "\n")
+            print(f"stored in bench/results/{out.name}")
 
 
 if __name__ == "__main__":

@@ -72,7 +72,8 @@ def _tensors(seed, B=12, T=7):
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize("beta, epsilon_high", [(0.0, 0.2), (0.04, 0.2), (0.0, 0.28)])
 def test_policy_loss_equals_trls(loss_type, beta, epsilon_high):
-    logp, old_logp, ref_logp, rewards, mask = _tensors(seed=100 * len(loss_type) + int(100 * beta) + int(100 * epsilon_high))
+    seed = 100 * len(loss_type) + int(100 * beta) + int(100 * epsilon_high)
+    logp, old_logp, ref_logp, rewards, mask = _tensors(seed)
     advantages = group_advantages(rewards, num_generations=4)
     # dapo: the token count of the whole generation batch (here: this one plus as many tokens elsewhere)
     num_items = 2 * mask.sum() if loss_type == "dapo" else mask.sum()

@@ -142,7 +142,7 @@ def _causal(visible: torch.Tensor, S: int, L: int, device) -> torch.Tensor:
 
 
 def _attend(attn, q, k, v, visible):
-    """Softmax attention (B, heads, Lq, d) over keys (B, kv_heads, S, d), positions where ``visible`` is False hidden."""
+    """Softmax attention of queries (B, heads, Lq, d) over keys (B, kv_heads, S, d), hiding where not ``visible``."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
