@@ -10,7 +10,7 @@ from rlbook.lm import build_tokenizer
 def one_torch_thread():
     """Run the tiny models on one intra-op thread (restored afterwards). On a busy 2-core machine a second
     thread makes them slower, not faster (the rollout tests took twice as long with two threads), and one
-    thread fixes the order of float reductions, which the bit-for-bit checkpoint test relies on."""
+    thread fixes the order of float reductions, so a run repeats exactly on one machine."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
