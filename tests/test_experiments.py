@@ -68,7 +68,7 @@ def test_ppo_compare_reduced_run():
                             num_generations=4, per_device_train_batch_size=8)
         assert record["eval_steps"] == [0, 1, 2] and all(0.0 <= a <= 1.0 for a in record["eval_accuracy"])
         assert len(record["metrics"]["reward"]) == 2 and all(math.isfinite(x) for x in record["metrics"]["approx_kl"])
-        if algorithm == "ppo":  # a value model and four epochs: value metrics exist and the ratio moved
+        if algorithm.startswith("ppo"):  # a value model and four epochs: value metrics exist and the ratio moved
             assert all(math.isfinite(x) for x in record["metrics"]["value_loss"])
             assert max(record["metrics"]["ratio_max"]) > 1.0
         else:  # one on-policy update: the ratio is 1 and nothing is clipped
@@ -198,3 +198,116 @@ def test_grpo_stored_results_match_the_script():
         for run in runs:
             assert run["config"]["learning_rate"] == pytest.approx(spec["learning_rate"])
             assert run["eval_steps"][-1] == run["config"]["max_steps"]
+
+
+# ---------------------------------------------------------------- chapter "VAPO": PPO against VAPO on sort_scratchpad
+def test_vapo_compare_reduced_run():
+    script = load_script("vapo_compare")
+    script.PRETRAIN_STEPS = 1
+    script.ARMS["vapo"]["value_pretrain_steps"] = 1
+    try:
+        result = script.run(seeds=(0,), steps=2, eval_size=8)
+    finally:
+        script.ARMS["vapo"]["value_pretrain_steps"] = script.PRETRAIN_STEPS = 10
+    assert set(result["runs"]) == set(script.ARMS)
+    for arm, (run,) in result["runs"].items():
+        assert run["eval_steps"] == [0, 2] and all(0.0 <= a <= 1.0 for a in run["eval_accuracy"])
+        lam = run["metrics"]["lam_policy"]
+        assert len(lam) == 2 and all(0.0 <= x <= 1.0 for x in lam)
+        if arm == "ppo":
+            assert lam == pytest.approx([0.95, 0.95]) and run["pretrain"]["value_loss"] == []
+    assert len(result["runs"]["vapo"][0]["pretrain"]["value_loss"]) == 1
+    assert result["runs"]["vapo_no_vp_dgae"][0]["pretrain"]["value_loss"] == []
+
+
+def test_vapo_coupled_critic_uses_the_policy_lambda():
+    """The ablation's critic targets equal GAE with the per-row length-adaptive lambda, plus V."""
+    import torch
+
+    from rlbook.objectives import gae, length_adaptive_lam
+
+    script = load_script("vapo_compare")
+    from rlbook.checkpoints import RECIPES, load_base_policy
+    from rlbook.trainer import preset
+
+    policy, tokenizer = load_base_policy(script.TASK)
+    config = preset("vapo", num_generations=4, per_device_train_batch_size=8, max_completion_length=40,
+                    value_pretrain_steps=0)
+    trainer = script.VapoTrainer(policy, tokenizer, RECIPES[script.TASK].make_task(), config, coupled_critic=True)
+    batch, examples, rewards, _ = trainer._sample_groups(0)
+    out = trainer._score(batch, examples, rewards)
+    mask = out["mask"]
+    token_rewards = torch.zeros_like(mask)
+    token_rewards[torch.arange(len(mask)), batch.lengths - 1] = torch.as_tensor(rewards, dtype=torch.float32)
+    expected = gae(token_rewards, out["old_values"], mask, 1.0, length_adaptive_lam(batch.lengths, 0.05))[1]
+    torch.testing.assert_close(out["returns"], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_vapo_stored_results_match_the_script():
+    """The stored comparison has >= 5 seeds per arm, made with the script's current settings."""
+    import json
+
+    path = EXPERIMENTS / "results" / "vapo_compare.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} not stored yet")
+    script = load_script("vapo_compare")
+    stored = json.loads(path.read_text())
+    assert len(stored["seeds"]) >= 5 and stored["common"] == script.COMMON and stored["arms"] == script.ARMS
+    assert stored["task"] == script.TASK and stored["pretrain_steps"] == script.PRETRAIN_STEPS
+    for arm in script.ARMS:
+        runs = stored["runs"][arm]
+        assert len(runs) == len(stored["seeds"])
+        assert all(len(run["metrics"]["reward"]) == stored["steps"] for run in runs)
+        assert all(run["eval_steps"][-1] == stored["steps"] for run in runs)
+
+
+# ---------------------------------------------------------------- PPO for RLHF: a learned reward, gold on the side
+def test_rlhf_overopt_reduced_run():
+    script = load_script("rlhf_overopt")
+    result = script.run(betas=(0.05,), seeds=(0,), steps=2, reward_steps=2)
+    assert result["score_std"] > 0 and all(0.0 <= a <= 1.0 for a in result["reward_model_pair_accuracy"])
+    (run,) = result["runs"]["0.05"]
+    assert len(run["reward"]) == 2 and run["eval_steps"][0] == 0
+    assert all(0.0 <= a <= 1.0 for a in run["accuracy"] + run["eval_accuracy"])
+    assert all(math.isfinite(x) for key in ("kl_ref", "value_loss", "explained_variance", "clip_frac")
+               for x in run[key])
+
+
+def test_rlhf_value_model_starts_at_the_normalised_score():
+    """The value head rescaled from the reward model, read at the last real token of prompt + completion (EOS),
+    gives (r - mean) / std there: the normalised score."""
+    import torch
+
+    from rlbook.checkpoints import load_base_policy
+    from rlbook.reward_model import RewardModelScorer, build_reward_model, sequence_scores
+    from rlbook.rollout import encode_completions
+
+    script = load_script("rlhf_overopt")
+    policy, tokenizer = load_base_policy("arithmetic")
+    reward_model = build_reward_model(policy)
+    with torch.no_grad():
+        reward_model.score.weight.normal_(std=0.1, generator=torch.Generator().manual_seed(0))
+    value_model = script.value_from_reward_model(policy, reward_model, mean=0.3, std=2.0)
+    prompts, completions = ["12+34=", "5+6="], ["46", "12"]
+    scorer = RewardModelScorer(reward_model, tokenizer, mean=0.3, std=2.0, clip=None)
+    expected = (scorer.raw_scores(prompts, completions) - 0.3) / 2.0
+    input_ids, attention_mask, _ = encode_completions(tokenizer, prompts, completions)
+    with torch.no_grad():
+        got = sequence_scores(value_model, input_ids, attention_mask)
+    torch.testing.assert_close(got.double(), torch.as_tensor(expected), atol=1e-5, rtol=1e-5)
+
+
+def test_rlhf_stored_results_match_the_script():
+    import json
+
+    path = EXPERIMENTS / "results" / "rlhf_overopt.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} not stored yet")
+    script = load_script("rlhf_overopt")
+    stored = json.loads(path.read_text())
+    assert stored["rl"] == script.RL and stored["reward_model"] == script.REWARD_MODEL
+    assert stored["betas"] == list(script.BETAS) and stored["steps"] == script.STEPS
+    for beta in script.BETAS:
+        runs = stored["runs"][str(beta)]
+        assert len(runs) == len(stored["seeds"]) >= 3
+        assert all(len(run["reward"]) == script.STEPS for run in runs)
