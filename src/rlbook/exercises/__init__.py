@@ -24,12 +24,14 @@ from rlbook.exercises.mdp import (
 from rlbook.exercises.grpo import check_grpo_advantages
 from rlbook.exercises.ppo import check_clipped_objective, check_gae_loop
 from rlbook.exercises.pg import check_discounted_pg_weights, check_leave_one_out_advantages
+from rlbook.exercises.rlhf import check_bradley_terry_loss, check_rlhf_token_rewards
 from rlbook.exercises.q_learning import check_double_q_learning_update, check_expected_sarsa_update
 from rlbook.exercises.vapo import check_decoupled_gae, check_length_adaptive_lam
 
 __all__ = [
     "assert_close",
     "check_average_reward",
+    "check_bradley_terry_loss",
     "check_clipped_objective",
     "check_completion_mask_from_ids",
     "check_decoupled_gae",
@@ -45,6 +47,7 @@ __all__ = [
     "check_length_adaptive_lam",
     "check_mean_token_logprob",
     "check_q_value_iteration_step",
+    "check_rlhf_token_rewards",
     "check_sequence_logprob",
     "check_soft_overlong_penalty",
     "check_token_weights",
