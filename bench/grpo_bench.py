@@ -19,7 +19,9 @@ Three measurements:
 2. ``curves``: the reward of each step over ``--curve-steps`` steps for ``--seeds`` seeds of each trainer (a
    seed sets the prompt stream, the same for both, and the sampling; the start is the same), stored as JSON and
    plotted with min-max bands;
-3. ``memory``: each trainer alone in a fresh process for a few steps, its peak resident set size (``ru_maxrss``),
+3. ``forward`` (not in the default set): milliseconds per call of the Hugging Face forward and of
+   ``rlbook.lm.lean`` on the same weights, for a decode step and for the update's forward + backward;
+4. ``memory``: each trainer alone in a fresh process for a few steps, its peak resident set size (``VmHWM``),
    and the same for a process that only loads the libraries and the model (the baseline).
 
     python bench/grpo_bench.py                                  # everything, 1 torch thread
@@ -189,6 +191,68 @@ def run_curves(args) -> dict:
     return out
 
 
+def run_forward(args, calls: int = 30) -> dict:
+    """Milliseconds per forward call, Hugging Face module vs rlbook.lm.lean on the same weights (medians,
+    interleaved): one decode step (128 rows, one new token, a cache of 12 positions) and a training forward +
+    backward over 128 rows of 15 tokens (the update's shape at budget 8), where lean also runs each of the 16
+    prompts once for its 8 rows."""
+    from transformers import DynamicCache
+
+    from rlbook.lm import lean
+
+    out = {}
+    for name in args.models:
+        model, tokenizer, task = load_model(name)
+        examples = task.sample(args.num_prompts, split="train", seed=np.random.default_rng([0, 0]))
+        G, B = args.num_generations, args.num_prompts * args.num_generations
+        enc = tokenizer([e.prompt for e in examples], padding=True, padding_side="left", return_tensors="pt")
+        ids, mask = enc["input_ids"].repeat_interleave(G, 0), enc["attention_mask"].repeat_interleave(G, 0)
+        P = ids.shape[1]
+        full_ids = torch.cat([ids, torch.randint(4, 60, (B, 8))], dim=1)
+        full_mask = torch.cat([mask, torch.ones((B, 8), dtype=torch.long)], dim=1)
+        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+        wanted = torch.zeros_like(full_mask, dtype=torch.bool)
+        wanted[:, P - 1 : -1] = True
+        with torch.no_grad():  # caches of the prompt + 4 tokens, for the decode step
+            hf_cache = DynamicCache(config=model.config)
+            model(input_ids=full_ids[:, : P + 4], attention_mask=full_mask[:, : P + 4],
+                  position_ids=positions[:, : P + 4], past_key_values=hf_cache, use_cache=True)
+            lean_cache = lean.LeanCache()
+            lean.hidden_states(model, full_ids[:, : P + 4], full_mask[:, : P + 4], positions[:, : P + 4], lean_cache)
+        step = dict(input_ids=full_ids[:, P + 4 : P + 5], attention_mask=full_mask[:, : P + 5],
+                    position_ids=positions[:, P + 4 : P + 5])
+
+        @torch.no_grad()
+        def decode_hf():
+            model(**step, past_key_values=hf_cache, use_cache=True, logits_to_keep=1)
+            hf_cache.crop(-1)  # back to the prompt + 4 tokens
+
+        @torch.no_grad()
+        def decode_lean():
+            cache = lean.LeanCache()
+            cache.keys, cache.values = list(lean_cache.keys), list(lean_cache.values)
+            model.lm_head(lean.hidden_states(model, step["input_ids"], step["attention_mask"],
+                                             step["position_ids"], cache)[:, -1])
+
+        def train_hf():
+            model.base_model(input_ids=full_ids, attention_mask=full_mask, position_ids=positions,
+                             use_cache=False).last_hidden_state[wanted].square().sum().backward()
+
+        def train_lean():
+            lean.hidden_states(model, full_ids, full_mask, positions, wanted=wanted,
+                               shared_prefix=P)[wanted].square().sum().backward()
+
+        times = {f.__name__: [] for f in (decode_hf, decode_lean, train_hf, train_lean)}
+        for i in range(calls + 3):
+            for f in (decode_hf, decode_lean, train_hf, train_lean):
+                start = time.perf_counter()
+                f()
+                if i >= 3:
+                    times[f.__name__].append(1000 * (time.perf_counter() - start))
+        out[name] = {k: statistics.median(v) for k, v in times.items()}
+    return out
+
+
 def run_memory(args) -> dict:
     """Peak RSS (MiB) of a fresh process running only one trainer (or nothing: the baseline)."""
     out = {}
@@ -216,8 +280,13 @@ def memory_child(who: str, args) -> None:
             trainer.train_step()
     elif who == "trl":
         trl_trainer(model, tokenizer, task, args, seed=0, steps=args.memory_steps).train()
-    scale = 1 if platform.system() == "Darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+    status = Path("/proc/self/status")
+    if status.exists():  # Linux: VmHWM is this process image's own peak (ru_maxrss keeps the parent's across exec)
+        line = next(line for line in status.read_text().splitlines() if line.startswith("VmHWM"))
+        peak = int(line.split()[1]) / 1024  # kB
+    else:
+        scale = 1 if platform.system() == "Darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
     print(json.dumps({"peak_rss_mib": round(peak, 1)}))
 
 
@@ -299,6 +368,12 @@ def main(argv=None) -> None:
                 print(f"{name:<11} {who:<6} {r['time_step']:7.4f} {r['time_generate']:9.4f} {r['time_score']:7.4f} "
                       f"{r['time_update']:7.4f}")
             print(f"{'':<11} speed-up (TRL / ours): {row['trl']['time_step'] / row['ours']['time_step']:.2f}x")
+    if "forward" in args.what:
+        result["forward"] = forward = run_forward(args)
+        print("\nmilliseconds per call (median), Hugging Face forward vs rlbook.lm.lean, same weights")
+        for name, r in forward.items():
+            print(f"{name:<11} decode step {r['decode_hf']:.2f} vs {r['decode_lean']:.2f}   training forward + "
+                  f"backward {r['train_hf']:.1f} vs {r['train_lean']:.1f}")
     if "curves" in args.what:
         print(f"\nreward curves: {args.curve_steps} steps, seeds {args.seeds}")
         result["curves"] = curves = run_curves(args)
@@ -316,7 +391,7 @@ def main(argv=None) -> None:
         print(f"\npeak RSS of a fresh process ({args.models[0]}, {args.memory_steps} steps): "
               + ", ".join(f"{k} {v:.0f} MiB" for k, v in memory.items()))
     header = {k: result[k] for k in ("command", "environment", "settings")}
-    for what in ("speed", "curves", "memory"):  # one file per measurement, so that each can be rerun alone
+    for what in ("speed", "forward", "curves", "memory"):  # one file per measurement, so that each can be rerun alone
         if what in result:
             out = RESULTS / f"grpo_{what}{tag}.json"
             extra = {"curves_summary": result["curves_summary"]} if what == "curves" else {}
