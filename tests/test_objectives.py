@@ -425,3 +425,146 @@ def test_decoupled_gae_with_critic_lambda_one_targets_the_discounted_return():
         for t in range(n):
             expected[i, t] = sum(gamma**k * rewards[i, t + k] for k in range(n - t))
     torch.testing.assert_close(returns, expected)
+
+
+# --- GSPO and GMPO --------------------------------------------------------------------------------------------
+
+
+def test_sequence_level_ratio_is_the_geometric_mean_of_token_ratios():
+    logp, old_logp, _, _, mask = random_batch(seed=7)
+    advantages = torch.randn(logp.shape[0], dtype=torch.float64)
+    lengths = mask.sum(-1)
+    s = torch.exp(((logp - old_logp) * mask).sum(-1) / lengths)
+    eps, eps_high = 3e-4, 4e-4
+    expected = -torch.minimum(s * advantages, s.clamp(1 - eps, 1 + eps_high) * advantages).mean()
+    loss, metrics = policy_loss(logp, old_logp, advantages, mask, epsilon=eps, epsilon_high=eps_high,
+                                loss_type="grpo", importance_sampling_level="sequence")
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    assert metrics["ratio_max"] == pytest.approx(s.max().item(), rel=1e-12)
+
+
+def test_sequence_level_with_one_token_completions_equals_token_level():
+    logp, old_logp, _, _, _ = random_batch(seed=8)
+    mask = ragged_mask([1] * logp.shape[0], logp.shape[1]).double()
+    advantages = torch.randn(logp.shape[0], dtype=torch.float64)
+    for loss_type in ("grpo", "bnpo", "dapo"):
+        token, _ = policy_loss(logp, old_logp, advantages, mask, loss_type=loss_type)
+        sequence, _ = policy_loss(logp, old_logp, advantages, mask, loss_type=loss_type,
+                                  importance_sampling_level="sequence")
+        assert sequence.item() == pytest.approx(token.item(), rel=1e-12)
+
+
+def test_gspo_token_equals_gspo_in_value_and_gradient_with_per_completion_advantages():
+    logp, old_logp, _, _, mask = random_batch(seed=9)
+    advantages = torch.randn(logp.shape[0], dtype=torch.float64)
+    results = []
+    for level in ("sequence", "sequence_token"):
+        params = logp.clone().requires_grad_()
+        loss, _ = policy_loss(params, old_logp, advantages, mask, epsilon=0.05, loss_type="grpo",
+                              importance_sampling_level=level)
+        loss.backward()
+        results.append((loss.detach(), params.grad))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-10, atol=1e-12)
+
+
+def gmpo_loop(logp, old_logp, advantages, mask, eps, eps_high):
+    B, T = logp.shape
+    total = 0.0
+    for i in range(B):
+        a, deltas = float(advantages[i]), []
+        for t in range(T):
+            if mask[i, t]:
+                d = float(logp[i, t] - old_logp[i, t])
+                c = min(max(d, -eps), eps_high)
+                deltas.append(min(d, c) if a > 0 else max(d, c))
+        total += -a * math.exp(sum(deltas) / len(deltas))
+    return total / B
+
+
+@pytest.mark.parametrize("scale", [0.5, 5.0])  # 5: log-ratios far outside the clip, in both directions
+def test_gmpo_loss_equals_its_formula_and_stays_finite(scale):
+    g = torch.Generator().manual_seed(10)
+    lengths = (9, 1, 5, 3, 8, 2)
+    mask = ragged_mask(lengths, 9).double()
+    logp = -torch.rand(6, 9, generator=g, dtype=torch.float64) * 3
+    old_logp = logp + torch.randn(6, 9, generator=g, dtype=torch.float64) * scale
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.3, 0.0, 2.0], dtype=torch.float64)
+    params = logp.clone().requires_grad_()
+    loss, metrics = policy_loss(params, old_logp, advantages, mask, epsilon=0.4, epsilon_high=0.4, loss_type="gmpo")
+    assert loss.item() == pytest.approx(gmpo_loop(logp, old_logp, advantages, mask, 0.4, 0.4), rel=1e-10)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.all(torch.isfinite(params.grad))
+    assert all(math.isfinite(v) for v in metrics.values())
+    if scale > 1:
+        assert metrics["clip_frac"] > 0
+
+
+def test_gmpo_clips_by_the_sign_of_the_advantage_in_log_space():
+    """A > 0: a token whose log-ratio is above eps_high gets no gradient; A < 0: one below -eps gets none."""
+    old_logp = torch.zeros(2, 3, dtype=torch.float64)
+    logp = torch.tensor([[0.1, 1.0, -1.0], [0.1, 1.0, -1.0]], dtype=torch.float64, requires_grad=True)
+    loss, _ = policy_loss(logp, old_logp, torch.tensor([1.0, -1.0], dtype=torch.float64), torch.ones(2, 3),
+                          epsilon=0.4, epsilon_high=0.4, loss_type="gmpo")
+    loss.backward()
+    assert (logp.grad[0] == 0).tolist() == [False, True, False]
+    assert (logp.grad[1] == 0).tolist() == [False, False, True]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [(dict(importance_sampling_level="group"), "unknown importance_sampling_level"),
+     (dict(importance_sampling_level="sequence", mask=torch.tensor([[1, 1, 0], [0, 0, 0]])), "no masked token"),
+     (dict(loss_type="gmpo", mask=torch.tensor([[0, 0, 0], [1, 0, 0]])), "no masked token"),
+     (dict(loss_type="gmpo", epsilon_high=-0.1), "must be positive")],
+)
+def test_sequence_level_and_gmpo_bad_input(kwargs, match):
+    args = dict(logp=torch.zeros(2, 3), old_logp=torch.zeros(2, 3), advantages=torch.ones(2), mask=torch.ones(2, 3))
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        policy_loss(**args)
+
+
+# --- GFPO -----------------------------------------------------------------------------------------------------
+
+
+def test_gfpo_keeps_the_shortest_or_most_token_efficient_and_zeroes_the_rest():
+    from rlbook.objectives import gfpo_keep_mask, group_advantages
+
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+    lengths = torch.tensor([9, 3, 5, 2, 4, 4, 10, 1])
+    keep = gfpo_keep_mask(rewards, lengths, 4, k=2)
+    assert keep.view(2, 4).sum(-1).tolist() == [2, 2]
+    assert keep[:4].tolist() == [False, True, False, True]  # lengths 3 and 2 are the shortest
+    assert keep[4:].tolist() == [True, False, False, True]  # lengths 4 (first of the tie) and 1
+    efficient = gfpo_keep_mask(rewards, lengths, 4, k=1, metric="token_efficiency")
+    assert efficient.tolist() == [False, False, False, True, False, True, False, False]
+    advantages = group_advantages(rewards, 4, keep_mask=keep)
+    assert torch.all(advantages[~keep] == 0)
+    assert torch.allclose(advantages.view(2, 4).sum(-1), torch.zeros(2), atol=1e-6), "the kept ones' mean is 0"
+
+
+def test_gfpo_adaptive_k_gives_harder_prompts_more_survivors():
+    from rlbook.objectives import gfpo_adaptive_k, gfpo_keep_mask
+
+    means = torch.tensor([0.9, 0.1, 0.5, 0.3])  # easiest: group 0, hardest: group 1
+    rewards = means.repeat_interleave(8) + torch.linspace(-0.05, 0.05, 8).repeat(4)
+    k = gfpo_adaptive_k(rewards, 8)
+    assert k.tolist() == [4, 8, 6, 8]
+    keep = gfpo_keep_mask(rewards, torch.arange(32) % 8 + 1, 8, k)
+    assert keep.view(4, 8).sum(-1).tolist() == [4, 8, 6, 8]
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [(lambda m, a: m(torch.zeros(8), torch.ones(8), 4, k=5), r"k must lie in \[1, num_generations = 4\]"),
+     (lambda m, a: m(torch.zeros(8), torch.ones(8), 4, k=0), "k must lie in"),
+     (lambda m, a: m(torch.zeros(8), torch.ones(4), 4, k=2), "lengths must have"),
+     (lambda m, a: m(torch.zeros(8), torch.ones(8), 4, k=2, metric="reward"), "unknown GFPO metric"),
+     (lambda m, a: a(torch.zeros(8), 4, k_by_difficulty=(2, 6)), "every k must lie in")],
+)
+def test_gfpo_bad_input(call, match):
+    from rlbook.objectives import gfpo_adaptive_k, gfpo_keep_mask
+
+    with pytest.raises(ValueError, match=match):
+        call(gfpo_keep_mask, gfpo_adaptive_k)

@@ -37,6 +37,8 @@ def weights(model):
 def test_every_preset_runs_and_reports_finite_metrics(name):
     # the untrained model rarely ends within 4 tokens: keep truncated completions in the loss for this check
     short = {"value_pretrain_steps": 1} if PRESETS[name].get("value_pretrain_steps") else {}
+    if PRESETS[name].get("gfpo_k"):
+        short["gfpo_k"] = 2  # SMALL samples 4 per prompt
     trainer = make_trainer(name, max_steps=2, eval_every=2, mask_truncated_completions=False, **short)
     history = trainer.train(progress=False)
     assert [m["step"] for m in history] == [1, 2]
@@ -274,6 +276,33 @@ def test_a_reward_model_gives_the_reward_and_the_task_rule_the_accuracy():
                       reward_fn=length_reward)
     metrics = trainer.train_step()
     assert metrics["reward"] > 0 and metrics["accuracy"] == 0.0, "an untrained model is never right"
+
+
+# --- GSPO, GMPO, GFPO -----------------------------------------------------------------------------------------
+
+
+def test_gspo_preset_updates_in_minibatches_so_the_sequence_ratio_moves():
+    trainer = make_trainer("gspo", per_device_train_batch_size=4, max_steps=1, learning_rate=1e-2)
+    config = trainer.config
+    assert config.importance_sampling_level == "sequence" and config.steps_per_generation == 4
+    metrics = trainer.train_step()
+    assert metrics["optimizer_steps"] == 4
+    assert metrics["ratio_max"] > 1 + 1e-6 or metrics["ratio_min"] < 1 - 1e-6
+
+
+def test_gfpo_trains_only_on_the_kept_completions():
+    trainer = make_trainer("gfpo", num_generations=8, gfpo_k=3, per_device_train_batch_size=16, max_steps=1,
+                           mask_truncated_completions=False)
+    seen = {}
+    update = trainer._update
+    trainer._update = lambda rollout, value_only=False: seen.setdefault("rollout", rollout) and update(rollout)
+    trainer.train_step()
+    rollout = seen["rollout"]
+    kept_rows = rollout["loss_mask"].sum(-1) > 0
+    assert kept_rows.view(-1, 8).sum(-1).tolist() == [3, 3]
+    assert torch.all(rollout["advantages"][~kept_rows] == 0)
+    with pytest.raises(ValueError, match="gfpo_k must lie in"):
+        preset("gfpo", gfpo_k=20)
 
 
 # --- the value model ------------------------------------------------------------------------------------------

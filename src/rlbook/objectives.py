@@ -15,7 +15,8 @@ import math
 
 import torch
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "gmpo")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
 KL_KINDS = ("k1", "k2", "k3")
 
 
@@ -173,6 +174,57 @@ def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int) -> tor
     return group_advantages(rewards, G, scale_rewards="none") * (G / (G - 1))
 
 
+def gfpo_keep_mask(
+    rewards: torch.Tensor,
+    lengths: torch.Tensor,
+    num_generations: int,
+    k: int | torch.Tensor,
+    metric: str = "length",
+) -> torch.Tensor:
+    """GFPO's filter: keep ``k`` of each group's G completions, (N·G,) bool.
+
+    ``metric="length"`` keeps the k shortest; ``"token_efficiency"`` the k with the highest reward per token
+    (r_i / |o_i|). Ties go to the earlier completion. ``k`` is one number, or one per group (N,) (see
+    :func:`gfpo_adaptive_k`). The advantages are then computed over the kept ones only
+    (``group_advantages(..., keep_mask=...)``), and the others get 0.
+    """
+    G = _check_groups(rewards, num_generations)
+    if lengths.shape != rewards.shape:
+        raise ValueError(f"lengths must have the rewards' shape {tuple(rewards.shape)}, got {tuple(lengths.shape)}")
+    if metric not in ("length", "token_efficiency"):
+        raise ValueError(f"unknown GFPO metric {metric!r}; choose 'length' or 'token_efficiency'")
+    N = rewards.numel() // G
+    k = torch.as_tensor(k, device=rewards.device).expand(N)
+    if bool(((k < 1) | (k > G)).any()):
+        raise ValueError(f"k must lie in [1, num_generations = {G}] for every group, got {k.tolist()}")
+    if metric == "length":
+        score = -lengths.to(torch.float64)  # higher is better: shorter
+    else:
+        score = rewards.to(torch.float64) / lengths.to(torch.float64).clamp(min=1)
+    order = torch.sort(score.view(N, G), dim=-1, descending=True, stable=True).indices  # best first
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(G, device=order.device).expand(N, G))
+    return (rank < k[:, None]).flatten()
+
+
+def gfpo_adaptive_k(rewards: torch.Tensor, num_generations: int, k_by_difficulty=(4, 6, 8, 8)) -> torch.Tensor:
+    """GFPO's Adaptive Difficulty: more survivors for harder prompts, (N,) long.
+
+    Difficulty is the group's mean reward, ranked within the batch into as many buckets as ``k_by_difficulty``
+    has entries (quartiles by default), from easiest (highest mean reward) to hardest. The paper estimates
+    difficulty on the fly without giving the formula in what we could read; this bucketing is our assumption.
+    """
+    G = _check_groups(rewards, num_generations)
+    k_values = torch.as_tensor(k_by_difficulty, device=rewards.device)
+    if bool(((k_values < 1) | (k_values > G)).any()):
+        raise ValueError(f"every k must lie in [1, num_generations = {G}], got {list(k_by_difficulty)}")
+    means = rewards.view(-1, G).mean(-1)
+    N = means.numel()
+    easiest_first = torch.sort(-means, stable=True).indices
+    rank = torch.empty_like(easiest_first).scatter_(0, easiest_first, torch.arange(N, device=means.device))
+    bucket = (rank * len(k_values)) // N
+    return k_values[bucket]
+
+
 def _check_groups(rewards: torch.Tensor, num_generations: int) -> int:
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be one per completion, shape (N*G,), got {tuple(rewards.shape)}")
@@ -266,6 +318,7 @@ def policy_loss(
     num_items_in_batch: int | float | None = None,
     beta: float = 0.0,
     ref_logp: torch.Tensor | None = None,
+    importance_sampling_level: str = "token",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate (PPO-Clip) with an optional in-loss KL term, aggregated as ``loss_type``.
 
@@ -283,6 +336,20 @@ def policy_loss(
       *whole* batch when this call sees one micro-batch of it, so that summed micro-batch gradients equal the
       gradient of the global token mean.
 
+    ``importance_sampling_level`` (TRL's name) chooses the ratio:
+
+    - ``"token"``: ρ_t = exp(logp_t − old_logp_t), one per token (PPO, GRPO, DAPO);
+    - ``"sequence"`` (GSPO): s_i = exp(Σ_t m (logp − old_logp) / |o_i|) for every token of row i, the geometric
+      mean of the token ratios, with the gradient flowing through the mean;
+    - ``"sequence_token"`` (GSPO-token): w_t = exp(logp_t − sg(logp_t) + sg(log s_i)): the value s_i, the gradient
+      of logp_t scaled by s_i; with a per-completion advantage it equals ``"sequence"`` in value and gradient.
+
+    ``loss_type="gmpo"`` (GMPO) replaces the arithmetic mean of clipped token ratios by a geometric one: per row,
+    Δ_t = logp_t − old_logp_t is clipped in log space, by the sign of the row's advantage A_i (A > 0:
+    min(Δ, clip(Δ, −ε, ε_high)); A ≤ 0: max(Δ, clip(Δ, −ε, ε_high))), and the loss is
+    mean_i(−A_i · exp(Σ_t m Δ̃_t / |o_i|)) (+ β · mean_i of the row's mean k3). Here ε is in log space (0.4 in GMPO).
+    Sequence-level ratios and GMPO need at least one token in every row.
+
     Returns ``(loss, metrics)``; the metrics are detached floats over the masked tokens: ``clip_frac_low``
     (ρ < 1 − ε with A < 0), ``clip_frac_high`` (ρ > 1 + ε_high with A > 0), ``clip_frac`` (their sum: the tokens
     whose gradient the clip removes), ``approx_kl`` (k3 estimate of KL(π_old ‖ π_θ)), ``ratio_min/max/mean``, and
@@ -293,8 +360,11 @@ def policy_loss(
         raise ValueError(f"unknown loss_type {loss_type!r}; choose one of {LOSS_TYPES}")
     if not epsilon > 0 or not epsilon_high > 0:
         raise ValueError(f"epsilon and epsilon_high must be positive, got {epsilon} and {epsilon_high}")
-    if epsilon >= 1:
+    if epsilon >= 1 and loss_type != "gmpo":  # GMPO's epsilon is in log space
         raise ValueError(f"epsilon must be below 1 (the ratio's lower clip 1 - epsilon must stay positive), got {epsilon}")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"unknown importance_sampling_level {importance_sampling_level!r}; "
+                         f"choose one of {IMPORTANCE_SAMPLING_LEVELS}")
     if beta < 0 or not math.isfinite(beta):
         raise ValueError(f"beta must be a finite number >= 0, got {beta}")
     _check_same_shape(logp=logp, old_logp=old_logp, mask=mask)
@@ -319,18 +389,31 @@ def policy_loss(
 
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     log_ratio = torch.where(mask, logp - old_logp, zero)  # padding may hold garbage: keep it out of exp
+    lengths = mask.sum(-1)
+    if (importance_sampling_level != "token" or loss_type == "gmpo") and not bool((lengths > 0).all()):
+        rows = (lengths == 0).nonzero().flatten().tolist()
+        raise ValueError(f"rows {rows[:5]} have no masked token: a sequence-level ratio needs at least one")
+    if importance_sampling_level == "sequence":
+        log_ratio = (masked_sum(log_ratio, mask, dim=-1) / lengths)[:, None].expand_as(logp)
+    elif importance_sampling_level == "sequence_token":
+        sequence = (masked_sum(log_ratio, mask, dim=-1) / lengths).detach()
+        log_ratio = torch.where(mask, logp - logp.detach() + sequence[:, None], zero)
     ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
-    per_token = -torch.minimum(ratio * advantages, clipped * advantages)
-    if beta > 0:
-        kl_ref = kl_estimate(logp, torch.where(mask, ref_logp, logp))
-        per_token = per_token + beta * kl_ref
-
-    loss = _aggregate(per_token, mask, loss_type, max_completion_length, num_items_in_batch)
-
-    with torch.no_grad():
+    kl_ref = kl_estimate(logp, torch.where(mask, ref_logp, logp)) if beta > 0 else None
+    if loss_type == "gmpo":
+        loss, low, high = _gmpo_loss(log_ratio, advantages, mask, epsilon, epsilon_high)
+        if beta > 0:
+            loss = loss + beta * masked_mean(kl_ref, mask, dim=-1).mean()
+    else:
+        clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
+        per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+        if beta > 0:
+            per_token = per_token + beta * kl_ref
+        loss = _aggregate(per_token, mask, loss_type, max_completion_length, num_items_in_batch)
         low = (ratio < 1 - epsilon) & (advantages < 0)
         high = (ratio > 1 + epsilon_high) & (advantages > 0)
+
+    with torch.no_grad():
         metrics = {
             "clip_frac_low": masked_mean(low.float(), mask).item(),
             "clip_frac_high": masked_mean(high.float(), mask).item(),
@@ -343,6 +426,19 @@ def policy_loss(
         if beta > 0:
             metrics["kl_ref"] = masked_mean(kl_ref, mask).item()
     return loss, metrics
+
+
+def _gmpo_loss(log_ratio, advantages, mask, epsilon, epsilon_high):
+    """GMPO's loss (see :func:`policy_loss`) and its clip indicators (log space), per token (B, T)."""
+    row_advantage = masked_mean(advantages, mask, dim=-1)  # constant over a row for the group methods
+    positive = (row_advantage > 0)[:, None]
+    clipped = torch.clamp(log_ratio, -epsilon, epsilon_high)
+    delta = torch.where(positive, torch.minimum(log_ratio, clipped), torch.maximum(log_ratio, clipped))
+    geometric_mean_ratio = torch.exp(masked_sum(delta, mask, dim=-1) / mask.sum(-1))
+    loss = (-row_advantage * geometric_mean_ratio).mean()
+    low = (log_ratio < -epsilon) & ~positive
+    high = (log_ratio > epsilon_high) & positive
+    return loss, low, high
 
 
 def _aggregate(per_token, mask, loss_type, max_completion_length, num_items_in_batch) -> torch.Tensor:

@@ -36,6 +36,8 @@ from rlbook.lm.value import build_value_model, token_values
 from rlbook.objectives import (
     adaptive_kl_coef,
     gae,
+    gfpo_adaptive_k,
+    gfpo_keep_mask,
     group_advantages,
     kl_estimate,
     leave_one_out_advantages,
@@ -78,6 +80,11 @@ class RLConfig:
     epsilon: float = 0.2
     epsilon_high: float | None = None
     beta: float = 0.0  # KL to the reference: in the loss (k3), or in the reward (k1) for "gae"
+    importance_sampling_level: str = "token"  # "sequence": GSPO's sequence ratio; "sequence_token": GSPO-token
+    # GFPO: sample num_generations, keep gfpo_k per prompt (shortest, or most reward per token), advantages over those
+    gfpo_k: int | None = None
+    gfpo_metric: str = "length"
+    gfpo_adaptive: bool = False  # Adaptive Difficulty: k per prompt from its difficulty (see gfpo_adaptive_k)
     # DAPO's techniques (each off by default)
     mask_truncated_completions: bool = False  # overlong filtering: no loss on completions cut at the budget
     overlong_buffer_length: int | None = None  # soft overlong punishment: L_cache of the ramp before the budget
@@ -150,6 +157,10 @@ class RLConfig:
         if self.advantage_estimator != "gae" and (self.lam_critic is not None or self.lam_alpha is not None
                                                   or self.value_pretrain_steps):
             raise ValueError("lam_critic, lam_alpha and value_pretrain_steps need advantage_estimator='gae'")
+        if self.gfpo_k is not None and not 1 <= self.gfpo_k <= self.num_generations:
+            raise ValueError(f"gfpo_k must lie in [1, num_generations = {self.num_generations}], got {self.gfpo_k}")
+        if (self.gfpo_k is not None or self.gfpo_adaptive) and self.advantage_estimator != "grpo":
+            raise ValueError("GFPO filtering (gfpo_k, gfpo_adaptive) needs advantage_estimator='grpo'")
         if self.dynamic_sampling and self.num_generations < 2:
             raise ValueError("dynamic_sampling needs num_generations >= 2 (a group of one always has equal rewards)")
 
@@ -189,6 +200,17 @@ PRESETS: dict[str, dict] = {
     "vapo": dict(advantage_estimator="gae", loss_type="dapo", epsilon=0.2, epsilon_high=0.28, gamma=1.0,
                  lam=0.95, lam_critic=1.0, lam_alpha=0.05, nll_coef=0.1, value_pretrain_steps=50,
                  whiten_advantages=True, num_iterations=1),
+    # GSPO: one ratio per completion (the geometric mean of its token ratios), clipped in a tiny range (3e-4 / 4e-4),
+    # no KL, and four minibatch updates per rollout so that the ratio is not trivially 1 (TRL's documented recipe).
+    "gspo": dict(advantage_estimator="grpo", scale_rewards="group", loss_type="grpo", beta=0.0, epsilon=3e-4,
+                 epsilon_high=4e-4, importance_sampling_level="sequence", gradient_accumulation_steps=1,
+                 steps_per_generation=4),
+    # GMPO: the geometric mean of token ratios clipped in log space (epsilon 0.4: ratios in (0.67, 1.49)), no KL.
+    "gmpo": dict(advantage_estimator="grpo", scale_rewards="group", loss_type="gmpo", beta=0.0, epsilon=0.4,
+                 epsilon_high=0.4),
+    # GFPO: sample 16, keep the 8 shortest per prompt, advantages over the kept ones, DAPO's token-level loss.
+    "gfpo": dict(advantage_estimator="grpo", scale_rewards="group", loss_type="dapo", beta=0.0, num_generations=16,
+                 gfpo_k=8, gfpo_metric="length"),
 }
 
 
@@ -410,6 +432,13 @@ class Trainer:
             advantages = group_advantages(scores, G, scale_rewards="none")
         elif config.advantage_estimator == "rloo":
             advantages = leave_one_out_advantages(scores, G)
+        elif config.gfpo_k is not None or config.gfpo_adaptive:
+            lengths = batch.lengths.to(scores.device)
+            k = gfpo_adaptive_k(scores, G) if config.gfpo_adaptive else config.gfpo_k
+            keep = gfpo_keep_mask(scores, lengths, G, k, config.gfpo_metric)
+            advantages = group_advantages(scores, G, scale_rewards=config.scale_rewards, keep_mask=keep)
+            out["loss_mask"] = out["loss_mask"] * keep[:, None]  # the filtered-out completions are not trained on
+            out["metrics"]["gfpo_kept_length"] = float(lengths[keep].float().mean())
         else:
             advantages = group_advantages(scores, G, scale_rewards=config.scale_rewards)
         out["advantages"] = advantages
@@ -481,6 +510,7 @@ class Trainer:
                     epsilon=config.epsilon, epsilon_high=config.epsilon_high, loss_type=config.loss_type,
                     max_completion_length=config.max_completion_length, num_items_in_batch=tokens_of_step,
                     beta=kl_in_loss, ref_logp=rollout["ref_logp"][rows] if kl_in_loss else None,
+                    importance_sampling_level=config.importance_sampling_level,
                 )
                 if config.loss_type != "dapo":  # dapo's denominator already counts the accumulated batch
                     loss = loss / accumulate
