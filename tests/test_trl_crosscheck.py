@@ -108,3 +108,43 @@ def test_group_advantages_equal_trls_formula(scale_rewards):
         expected = expected / (std + 1e-4)
     ours = group_advantages(rewards, G, scale_rewards=scale_rewards)
     assert torch.allclose(ours, expected, atol=AGREE, rtol=AGREE)
+
+
+def test_model_gradient_equals_trls_on_the_same_rollout():
+    """The whole path on a real model: our sampled rollout, group advantages, sequence_logprobs and the dapo loss
+    give the same parameter gradient as a real GRPOTrainer's compute_loss (its own forward) on that rollout."""
+    import copy
+
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from rlbook.lm import build_model, build_tokenizer
+    from rlbook.rollout import generate_rollouts, sequence_logprobs
+
+    tokenizer = build_tokenizer()
+    model = build_model("tiny", seed=11).train()
+    prompts = ["1+2=", "33+44=", "q7: 9*10="]
+    batch = generate_rollouts(model, tokenizer, prompts, num_generations=4, max_new_tokens=6, seed=0)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    advantages = group_advantages(rewards, 4)
+    mask = batch.completion_mask.float()
+    ours = copy.deepcopy(model)
+    logp = sequence_logprobs(ours, batch.input_ids, batch.attention_mask, mask)
+    loss, _ = policy_loss(logp, batch.logprobs, advantages, mask, loss_type="dapo")
+    loss.backward()
+
+    config = GRPOConfig(output_dir="/tmp/rlbook_trl_crosscheck", report_to="none", use_cpu=True, bf16=False,
+                        gradient_checkpointing=False, per_device_train_batch_size=12, num_generations=4,
+                        max_completion_length=6, loss_type="dapo", beta=0.0)
+    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **_: [0.0] * len(completions), args=config,
+                          train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tokenizer)
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.model.train()
+    inputs = {"prompt_ids": batch.prompt_ids, "prompt_mask": batch.prompt_mask,
+              "completion_ids": batch.completion_ids, "completion_mask": batch.completion_mask,
+              "advantages": advantages, "num_items_in_batch": mask.sum(), "old_per_token_logps": None}
+    trl_loss = trainer.compute_loss(trainer.model, inputs)
+    trl_loss.backward()
+    assert torch.allclose(loss.detach(), trl_loss.detach(), atol=1e-6, rtol=1e-5)
+    for (name, ours_p), theirs in zip(ours.named_parameters(), trainer.model.parameters()):
+        assert torch.allclose(ours_p.grad, theirs.grad, atol=1e-5, rtol=1e-4), name
