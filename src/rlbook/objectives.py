@@ -510,3 +510,72 @@ def _check_right_padded(mask: torch.Tensor) -> None:
     if bool((mask[:, 1:] & ~mask[:, :-1]).any()):
         rows = (mask[:, 1:] & ~mask[:, :-1]).any(-1).nonzero().flatten().tolist()
         raise ValueError(f"mask must be right-padded (1s, then 0s) in every row; rows {rows[:5]} are not")
+
+
+# --- DPO: the loss on preference pairs (chapter "Bradley–Terry and DPO") ----------------------------------------
+
+DPO_LOSS_TYPES = ("sigmoid", "robust", "hinge", "ipo")
+
+
+def dpo_loss(
+    chosen_logps: torch.Tensor,
+    rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    beta: float = 0.1,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-pair DPO losses and implicit rewards: ``(losses, chosen_rewards, rejected_rewards)``, each (N,).
+
+    The four inputs are (N,) sequence log-probs log π(y | x) of the chosen (y_w) and rejected (y_l) completions
+    under the policy and under the frozen reference. With the log-ratio margin
+
+        Δ = (chosen_logps − ref_chosen_logps) − (rejected_logps − ref_rejected_logps)
+
+    and ε = ``label_smoothing``, the per-pair loss is (TRL's ``loss_type`` names):
+
+    - ``"sigmoid"``: −(1−ε)·log σ(βΔ) − ε·log σ(−βΔ); ε = 0 is plain DPO (the DPO loss equation of the
+      chapter), ε > 0 is conservative DPO (cDPO, TRL ≤ 0.28 and OpenRLHF);
+    - ``"robust"``: (−(1−ε)·log σ(βΔ) + ε·log σ(−βΔ)) / (1 − 2ε), unbiased under flipped labels (rDPO);
+    - ``"hinge"``: relu(1 − βΔ) (SLiC);
+    - ``"ipo"``: (Δ − 1/(2β))². IPO expects *length-averaged* log-probs (the caller divides each sequence
+      log-prob by its completion length, as the IPO paper and TRL do); this function does not know the lengths.
+
+    β multiplies the log-ratio margin exactly once (erratum E12). ``chosen_rewards = β·(chosen_logps −
+    ref_chosen_logps)`` and ``rejected_rewards`` likewise are the implicit rewards TRL logs, detached (no
+    gradient flows through them). Raises ValueError on mismatched shapes, non-finite log-probs, β ≤ 0,
+    ε outside [0, 0.5) or an unknown ``loss_type``.
+    """
+    if loss_type not in DPO_LOSS_TYPES:
+        raise ValueError(f"unknown DPO loss_type {loss_type!r}; choose one of {DPO_LOSS_TYPES}")
+    if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
+        raise ValueError(f"beta must be a positive finite number, got {beta!r}")
+    if not (isinstance(label_smoothing, (int, float)) and 0.0 <= label_smoothing < 0.5):
+        raise ValueError(f"label_smoothing must lie in [0, 0.5), got {label_smoothing!r}")
+    if label_smoothing > 0 and loss_type not in ("sigmoid", "robust"):
+        raise ValueError(f"label_smoothing applies to the 'sigmoid' and 'robust' losses, not {loss_type!r}")
+    tensors = dict(chosen_logps=chosen_logps, rejected_logps=rejected_logps,
+                   ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
+    _check_same_shape(**tensors)
+    if chosen_logps.dim() != 1 or chosen_logps.numel() == 0:
+        raise ValueError(f"DPO log-probs must be (N,) with N >= 1 (one per pair), got {tuple(chosen_logps.shape)}")
+    for name, x in tensors.items():
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name} is not finite at {int((~torch.isfinite(x)).sum())} pairs")
+
+    chosen_logratios = chosen_logps - ref_chosen_logps  # log π_θ(y_w|x) − log π_ref(y_w|x)
+    rejected_logratios = rejected_logps - ref_rejected_logps
+    delta = chosen_logratios - rejected_logratios  # Δ: no β yet
+    eps = float(label_smoothing)
+    if loss_type == "sigmoid":
+        losses = -(1 - eps) * torch.nn.functional.logsigmoid(beta * delta) - eps * torch.nn.functional.logsigmoid(-beta * delta)
+    elif loss_type == "robust":
+        losses = (-(1 - eps) * torch.nn.functional.logsigmoid(beta * delta) + eps * torch.nn.functional.logsigmoid(-beta * delta)) / (1 - 2 * eps)
+    elif loss_type == "hinge":
+        losses = torch.relu(1 - beta * delta)
+    else:  # "ipo"
+        losses = (delta - 1 / (2 * beta)) ** 2
+    chosen_rewards = beta * chosen_logratios.detach()
+    rejected_rewards = beta * rejected_logratios.detach()
+    return losses, chosen_rewards, rejected_rewards
