@@ -27,6 +27,7 @@ Three measurements:
     python bench/grpo_bench.py                                  # everything, 1 torch thread
     python bench/grpo_bench.py speed --threads 2 --models arithmetic
     python bench/grpo_bench.py curves --curve-steps 100 --seeds 0 1 2
+    python bench/grpo_bench.py merge bench/results/grpo_curves.json bench/results/grpo_curves_seeds345.json --tag all
 """
 
 from __future__ import annotations
@@ -312,6 +313,28 @@ def plot_curves(curves: dict, path: Path, smooth: int) -> None:
     fig.savefig(path, dpi=120)
 
 
+def summarize_curves(curves: dict) -> dict:
+    last = {who: [np.mean(curves[s][who][-20:]) for s in curves] for who in ("ours", "trl")}
+    return {who: {"last20_mean": float(np.mean(v)), "last20_min": float(np.min(v)), "last20_max": float(np.max(v)),
+                  "first_step_mean": float(np.mean([curves[s][who][0] for s in curves]))}
+            for who, v in last.items()}
+
+
+def merge_curves(files: list[Path], args) -> None:
+    curves = {}
+    for f in files:
+        curves.update(json.loads(f.read_text())["curves"])
+    summary = summarize_curves(curves)
+    tag = f"_{args.tag}" if args.tag else "_merged"
+    (RESULTS / f"grpo_curves{tag}.json").write_text(json.dumps(
+        {"command": "python bench/grpo_bench.py merge " + " ".join(map(str, files)) + f" --tag {tag[1:]}",
+         "merged": [f.name for f in files], "curves_summary": summary, "curves": curves}, indent=1) + "\n")
+    plot_curves(curves, RESULTS / f"grpo_curves{tag}.png", args.smooth)
+    for who, s in summary.items():
+        print(f"  {who:<5} seeds {sorted(curves, key=int)}: mean of the last 20 steps {s['last20_mean']:.3f} "
+              f"(seeds {s['last20_min']:.3f} .. {s['last20_max']:.3f})")
+
+
 def environment(args) -> dict:
     import transformers
     import trl
@@ -344,6 +367,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.what[:1] == ["_memory"]:
         return memory_child(args.what[1], args)
+    if args.what[:1] == ["merge"]:  # merge FILE...: pool stored curves (e.g. seeds run in two invocations)
+        return merge_curves([Path(f) for f in args.what[1:]], args)
     torch.set_num_threads(args.threads)
     if args.hf_forward:
         from rlbook.lm import lean
@@ -377,11 +402,7 @@ def main(argv=None) -> None:
     if "curves" in args.what:
         print(f"\nreward curves: {args.curve_steps} steps, seeds {args.seeds}")
         result["curves"] = curves = run_curves(args)
-        last = {who: [np.mean(curves[s][who][-20:]) for s in curves] for who in ("ours", "trl")}
-        result["curves_summary"] = {who: {"last20_mean": float(np.mean(v)), "last20_min": float(np.min(v)),
-                                          "last20_max": float(np.max(v)),
-                                          "first_step_mean": float(np.mean([curves[s][who][0] for s in curves]))}
-                                    for who, v in last.items()}
+        result["curves_summary"] = summarize_curves(curves)
         plot_curves(curves, RESULTS / f"grpo_curves{tag}.png", args.smooth)
         for who, s in result["curves_summary"].items():
             print(f"  {who:<5} reward at step 1 {s['first_step_mean']:.3f}; mean of the last 20 steps "
