@@ -10,6 +10,7 @@ raises ``AssertionError`` with the first disagreement, and prints ``ok`` when al
 from rlbook.exercises._compare import assert_close
 from rlbook.exercises.drgrpo import check_token_weights
 from rlbook.exercises.dapo import check_informative_groups, check_soft_overlong_penalty
+from rlbook.exercises.dpo import check_dpo_loss
 from rlbook.exercises.lm import (
     check_completion_mask_from_ids,
     check_entropy_at_temperature,
@@ -36,6 +37,7 @@ __all__ = [
     "check_completion_mask_from_ids",
     "check_decoupled_gae",
     "check_discounted_pg_weights",
+    "check_dpo_loss",
     "check_double_q_learning_update",
     "check_entropy_at_temperature",
     "check_expected_sarsa_update",
