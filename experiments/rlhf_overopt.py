@@ -10,6 +10,8 @@
    and each seed. Per step: the learned reward, the gold accuracy (the task's rule, on the training completions),
    the KL to the reference, value loss, explained variance, clip fraction; every ``EVAL_EVERY`` steps the gold
    accuracy on held-out test prompts.
+4. A control: the same PPO with the task's rule as the reward (``reward_fn`` left out, the value model from the
+   policy) at the smaller beta, to tell over-optimisation of the learned reward from an unstable optimiser.
 
     python experiments/rlhf_overopt.py            # writes experiments/results/rlhf_overopt.json
 """
@@ -38,6 +40,7 @@ NUM_TRAIN_PAIRS, NUM_TEST_PAIRS = 2000, 256
 REWARD_MODEL = dict(steps=300, batch_size=64, lr=3e-4, eval_every=50, seed=0)
 NORMALISE_PROMPTS = 64  # prompts x 8 samples of the base policy for the score's mean and std
 BETAS = (0.01, 0.1)
+CONTROL_BETA = 0.01  # the control arm ("gold_reward"): PPO on the task's own reward
 STEPS, EVAL_EVERY = 40, 10
 RL = dict(learning_rate=3e-4, num_generations=8, per_device_train_batch_size=64, max_completion_length=8,
           eval_every=EVAL_EVERY, eval_size=128)
@@ -75,14 +78,18 @@ def value_from_reward_model(policy, reward_model, mean: float, std: float):
 
 
 def train_one(beta: float, seed: int, base, reward_model, stats, steps: int = STEPS) -> dict:
-    """One PPO run against the learned reward: per-step metrics and the held-out gold accuracy."""
+    """One PPO run against the learned reward (or, with ``reward_model=None``, against the task's rule): per-step
+    metrics and the held-out gold accuracy."""
     torch.set_num_threads(1)
     policy, tokenizer = copy.deepcopy(base[0]), base[1]
-    scorer = RewardModelScorer(reward_model, tokenizer, mean=stats[0], std=stats[1], clip=10.0)
-    value_model = value_from_reward_model(policy, reward_model, *stats)
     config = preset("ppo", beta=beta, seed=seed, max_steps=steps, **RL)
-    trainer = Trainer(policy, tokenizer, RECIPES[POLICY].make_task(), config, value_model=value_model,
-                      reward_fn=scorer)
+    if reward_model is None:
+        trainer = Trainer(policy, tokenizer, RECIPES[POLICY].make_task(), config)
+    else:
+        scorer = RewardModelScorer(reward_model, tokenizer, mean=stats[0], std=stats[1], clip=10.0)
+        value_model = value_from_reward_model(policy, reward_model, *stats)
+        trainer = Trainer(policy, tokenizer, RECIPES[POLICY].make_task(), config, value_model=value_model,
+                          reward_fn=scorer)
     eval_steps, eval_accuracy = [0], [trainer.evaluate()]
     history = trainer.train(progress=False)
     for m in history:
@@ -101,12 +108,14 @@ def run(betas=BETAS, seeds=(0, 1, 2, 3, 4), steps: int = STEPS, reward_steps: in
     out = {"seeds": list(seeds), "betas": list(betas), "steps": steps, "rl": RL, "reward_model": REWARD_MODEL,
            "checkpoint_sha256": load_manifest(POLICY)["sha256"]["model.safetensors"],
            "reward_model_eval_steps": history.eval_steps, "reward_model_pair_accuracy": history.eval_accuracy,
-           "score_mean": stats[0], "score_std": stats[1], "runs": {str(b): [] for b in betas}}
-    for seed in seeds:  # seed-major, so that a partial file holds every beta for the first seeds
+           "score_mean": stats[0], "score_std": stats[1], "control_beta": CONTROL_BETA,
+           "runs": {**{str(b): [] for b in betas}, "gold_reward": []}}
+    for seed in seeds:  # seed-major, so that a partial file holds every arm for the first seeds
         for beta in betas:
             out["runs"][str(beta)].append(train_one(beta, seed, base, reward_model, stats, steps))
-            if out_path is not None:
-                out_path.write_text(json.dumps(out, indent=1) + "\n")
+        out["runs"]["gold_reward"].append(train_one(CONTROL_BETA, seed, base, None, None, steps))
+        if out_path is not None:
+            out_path.write_text(json.dumps(out, indent=1) + "\n")
     return out
 
 

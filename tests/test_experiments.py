@@ -203,7 +203,8 @@ def test_grpo_stored_results_match_the_script():
 # ---------------------------------------------------------------- chapter "VAPO": PPO against VAPO on sort_scratchpad
 def test_vapo_compare_reduced_run():
     script = load_script("vapo_compare")
-    script.ARMS["vapo"]["value_pretrain_steps"] = 1  # a fresh module per load_script: nothing to restore
+    for arm in ("vapo", "vapo_lam095"):  # a fresh module per load_script: nothing to restore
+        script.ARMS[arm]["value_pretrain_steps"] = 1
     result = script.run(seeds=(0,), steps=2, eval_size=8)
     assert set(result["runs"]) == set(script.ARMS)
     for arm, (run,) in result["runs"].items():
@@ -213,6 +214,7 @@ def test_vapo_compare_reduced_run():
         if arm == "ppo":
             assert lam == pytest.approx([0.95, 0.95]) and run["pretrain"]["value_loss"] == []
     assert len(result["runs"]["vapo"][0]["pretrain"]["value_loss"]) == 1
+    assert result["runs"]["vapo_lam095"][0]["metrics"]["lam_policy"] == pytest.approx([0.95, 0.95])
     assert result["runs"]["vapo_no_vp_dgae"][0]["pretrain"]["value_loss"] == []
 
 
@@ -264,6 +266,8 @@ def test_rlhf_overopt_reduced_run():
     assert result["score_std"] > 0 and all(0.0 <= a <= 1.0 for a in result["reward_model_pair_accuracy"])
     (run,) = result["runs"]["0.05"]
     assert len(run["reward"]) == 2 and run["eval_steps"][0] == 0
+    (control,) = result["runs"]["gold_reward"]
+    assert control["reward"] == pytest.approx(control["accuracy"])  # the task's reward is 1 exactly when correct
     assert all(0.0 <= a <= 1.0 for a in run["accuracy"] + run["eval_accuracy"])
     assert all(math.isfinite(x) for key in ("kl_ref", "value_loss", "explained_variance", "clip_frac")
                for x in run[key])
@@ -303,7 +307,8 @@ def test_rlhf_stored_results_match_the_script():
     stored = json.loads(path.read_text())
     assert stored["rl"] == script.RL and stored["reward_model"] == script.REWARD_MODEL
     assert stored["betas"] == list(script.BETAS) and stored["steps"] == script.STEPS
-    for beta in script.BETAS:
+    assert stored["control_beta"] == script.CONTROL_BETA
+    for beta in [*script.BETAS, "gold_reward"]:
         runs = stored["runs"][str(beta)]
         assert len(runs) == len(stored["seeds"]) >= 3
         assert all(len(run["reward"]) == script.STEPS for run in runs)
