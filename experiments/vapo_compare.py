@@ -11,6 +11,8 @@ is the algorithm's configuration:
   (alpha 0.05), token-level loss, clip-higher (0.2 / 0.28), NLL on correct completions (mu 0.1), groups of 8.
 - ``vapo_no_vp_dgae``: the same without value pretraining and with the critic's targets computed with the policy's
   own (length-adaptive) lambda, as a single GAE pass would.
+- ``vapo_lam095``: VAPO with the policy's lambda fixed at PPO's 0.95 instead of the length-adaptive one (added after
+  the first runs: with completions of 15 to 40 tokens the length-adaptive lambda is close to 0).
 
 Value pretraining costs extra sampled completions (``PRETRAIN_STEPS`` rollouts that train only the critic); the
 budget above counts the policy-training steps, as the paper does. Held-out sampled accuracy (one completion per
@@ -18,6 +20,7 @@ budget above counts the policy-training steps, as the paper does. Held-out sampl
 
     python experiments/vapo_compare.py            # writes experiments/results/vapo_compare.json
     python experiments/vapo_compare.py --steps 2 --seeds 1 --out /tmp/x.json   # a smoke test
+    python experiments/vapo_compare.py --arms vapo_lam095 --merge     # add (or redo) arms in the stored file
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ ARMS = {
     "ppo": dict(preset="ppo"),
     "vapo": dict(preset="vapo", value_pretrain_steps=PRETRAIN_STEPS),
     "vapo_no_vp_dgae": dict(preset="vapo", value_pretrain_steps=0, coupled_critic=True),
+    "vapo_lam095": dict(preset="vapo", value_pretrain_steps=PRETRAIN_STEPS, lam_alpha=None),
 }
 KEEP = ("reward", "accuracy", "completion_length", "value_loss", "explained_variance", "clip_frac", "approx_kl",
         "nll_loss", "lam_policy")
@@ -123,11 +127,20 @@ def main(argv=None) -> Path:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--eval-size", type=int, default=EVAL_SIZE)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--merge", action="store_true", help="keep the other arms already stored in --out")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     result = run(tuple(args.arms), seeds=tuple(range(args.seeds)), steps=args.steps, eval_size=args.eval_size)
     result["command"] = "python experiments/vapo_compare.py"
     result["seconds"] = round(time.perf_counter() - start, 1)
+    if args.merge and args.out.exists():  # the same settings (checked), the stored arms plus the new ones
+        stored = json.loads(args.out.read_text())
+        for key in ("task", "checkpoint_sha256", "common", "pretrain_steps", "steps", "seeds"):
+            if stored[key] != result[key]:
+                raise ValueError(f"--merge: stored {key} {stored[key]!r} differs from this run's {result[key]!r}")
+        runs = {**stored["runs"], **result["runs"]}
+        result["runs"] = {arm: runs[arm] for arm in ARMS if arm in runs}
+        result["seconds"] = round(stored["seconds"] + result["seconds"], 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out} in {result['seconds']} s")
