@@ -257,3 +257,58 @@ def test_vapo_stored_results_match_the_script():
         assert len(runs) == len(stored["seeds"])
         assert all(len(run["metrics"]["reward"]) == stored["steps"] for run in runs)
         assert all(run["eval_steps"][-1] == stored["steps"] for run in runs)
+
+
+# ---------------------------------------------------------------- PPO for RLHF: a learned reward, gold on the side
+def test_rlhf_overopt_reduced_run():
+    script = load_script("rlhf_overopt")
+    result = script.run(betas=(0.05,), seeds=(0,), steps=2, reward_steps=2)
+    assert result["score_std"] > 0 and all(0.0 <= a <= 1.0 for a in result["reward_model_pair_accuracy"])
+    (run,) = result["runs"]["0.05"]
+    assert len(run["reward"]) == 2 and run["eval_steps"][0] == 0
+    (control,) = result["runs"]["gold_reward"]
+    assert control["reward"] == pytest.approx(control["accuracy"])  # the task's reward is 1 exactly when correct
+    assert all(0.0 <= a <= 1.0 for a in run["accuracy"] + run["eval_accuracy"])
+    assert all(math.isfinite(x) for key in ("kl_ref", "value_loss", "explained_variance", "clip_frac")
+               for x in run[key])
+
+
+def test_rlhf_value_model_starts_at_the_normalised_score():
+    """The value head rescaled from the reward model, read at the last real token of prompt + completion (EOS),
+    gives (r - mean) / std there: the normalised score."""
+    import torch
+
+    from rlbook.checkpoints import load_base_policy
+    from rlbook.reward_model import RewardModelScorer, build_reward_model, sequence_scores
+    from rlbook.rollout import encode_completions
+
+    script = load_script("rlhf_overopt")
+    policy, tokenizer = load_base_policy("arithmetic")
+    reward_model = build_reward_model(policy)
+    with torch.no_grad():
+        reward_model.score.weight.normal_(std=0.1, generator=torch.Generator().manual_seed(0))
+    value_model = script.value_from_reward_model(policy, reward_model, mean=0.3, std=2.0)
+    prompts, completions = ["12+34=", "5+6="], ["46", "12"]
+    scorer = RewardModelScorer(reward_model, tokenizer, mean=0.3, std=2.0, clip=None)
+    expected = (scorer.raw_scores(prompts, completions) - 0.3) / 2.0
+    input_ids, attention_mask, _ = encode_completions(tokenizer, prompts, completions)
+    with torch.no_grad():
+        got = sequence_scores(value_model, input_ids, attention_mask)
+    torch.testing.assert_close(got.double(), torch.as_tensor(expected), atol=1e-5, rtol=1e-5)
+
+
+def test_rlhf_stored_results_match_the_script():
+    import json
+
+    path = EXPERIMENTS / "results" / "rlhf_overopt.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} not stored yet")
+    script = load_script("rlhf_overopt")
+    stored = json.loads(path.read_text())
+    assert stored["rl"] == script.RL and stored["reward_model"] == script.REWARD_MODEL
+    assert stored["betas"] == list(script.BETAS) and stored["steps"] == script.STEPS
+    assert stored["control_beta"] == script.CONTROL_BETA
+    for beta in [*script.BETAS, "gold_reward"]:
+        runs = stored["runs"][str(beta)]
+        assert len(runs) == len(stored["seeds"]) >= 3
+        assert all(len(run["reward"]) == script.STEPS for run in runs)
