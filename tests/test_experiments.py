@@ -312,3 +312,27 @@ def test_rlhf_stored_results_match_the_script():
         runs = stored["runs"][str(beta)]
         assert len(runs) == len(stored["seeds"]) >= 3
         assert all(len(run["reward"]) == script.STEPS for run in runs)
+
+
+def test_dpo_sweep_reduced_run():
+    script = load_script("dpo_sweep")
+    result = script.run(1, ("sigmoid_0.5", "ipo_0.5"), steps=4, eval_every=2, num_train_pairs=64,
+                        num_test_pairs=32, num_eval_problems=16)
+    assert [r["arm"] for r in result["runs"]] == ["sigmoid_0.5", "ipo_0.5"]
+    for run in result["runs"]:
+        assert run["eval_steps"] == [2, 4]
+        assert set(run["eval"]) == set(script.KEEP)
+        assert 0.0 <= run["accuracy_before"] <= 1.0 and 0.0 <= run["accuracy_after"] <= 1.0
+
+
+def test_dpo_stored_results_match_the_script():
+    import json
+
+    script = load_script("dpo_sweep")
+    stored = json.loads((EXPERIMENTS / "results" / "dpo_sweep.json").read_text())
+    assert stored["arms"] == script.ARMS and stored["steps"] == script.STEPS and stored["train"] == script.TRAIN
+    seeds = {}
+    for run in stored["runs"]:
+        seeds.setdefault(run["arm"], set()).add(run["seed"])
+        assert run["eval_steps"][-1] == script.STEPS
+    assert set(seeds) == set(script.ARMS) and all(len(s) >= 5 for s in seeds.values())
