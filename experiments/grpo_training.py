@@ -57,11 +57,7 @@ def run(task_name: str, algorithm: str, seed: int, steps: int, eval_every: int, 
                     eval_size=eval_size)
     trainer = Trainer(policy, tokenizer, recipe.make_task(), config)
     start = time.perf_counter()
-    eval_steps, eval_accuracy = [0], [trainer.evaluate()]
-    for metrics in trainer.train(progress=False):
-        if "eval_accuracy" in metrics:
-            eval_steps.append(metrics["step"])
-            eval_accuracy.append(metrics["eval_accuracy"])
+    eval_steps, eval_accuracy = trainer.train_with_eval_curve()
     return {
         "task": task_name, "algorithm": algorithm, "seed": seed,
         "config": dict(vars(config)),

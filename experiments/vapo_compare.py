@@ -90,12 +90,8 @@ def run_one(arm: str, seed: int, base, steps: int, eval_size: int = EVAL_SIZE) -
                     seed=seed, eval_every=min(EVAL_EVERY, steps), eval_size=eval_size)
     trainer = VapoTrainer(copy.deepcopy(base[0]), base[1], recipe.make_task(), config, coupled_critic=coupled)
     start = time.perf_counter()
-    eval_steps, eval_accuracy = [0], [trainer.evaluate()]
-    history = trainer.train(progress=False)
-    for m in history:
-        if "eval_accuracy" in m:
-            eval_steps.append(m["step"])
-            eval_accuracy.append(m["eval_accuracy"])
+    eval_steps, eval_accuracy = trainer.train_with_eval_curve()
+    history = trainer.history
     pretrain = trainer.value_pretrain_history
     return {
         "arm": arm, "seed": seed, "eval_steps": eval_steps, "eval_accuracy": eval_accuracy,

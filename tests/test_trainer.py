@@ -341,3 +341,10 @@ def test_trainer_runs_on_cuda_under_bf16_autocast():
     trainer = Trainer(build_model("tiny", seed=0, device="cuda"), build_tokenizer(), task, preset("ppo", **SMALL))
     metrics = trainer.train_step()
     assert math.isfinite(metrics["policy_loss"]) and math.isfinite(metrics["value_loss"])
+
+
+def test_train_with_eval_curve_starts_at_the_first_step_and_follows_eval_every():
+    trainer = make_trainer("rloo", max_steps=4, eval_every=2)
+    steps, accuracies = trainer.train_with_eval_curve()
+    assert steps == [0, 2, 4] and len(accuracies) == 3 and all(0 <= a <= 1 for a in accuracies)
+    assert accuracies[1:] == [m["eval_accuracy"] for m in trainer.history if "eval_accuracy" in m]

@@ -265,6 +265,19 @@ class Trainer:
                             gen=f"{metrics['time_generate']:.2f}s", upd=f"{metrics['time_update']:.2f}s")
         return self.history
 
+    def train_with_eval_curve(self) -> tuple[list[int], list[float]]:
+        """Measure held-out accuracy, train up to ``max_steps``, and return the accuracy curve ``(steps,
+        accuracies)``, its first point at the starting step: what the experiments store and the chapters plot.
+        Needs ``eval_every`` for points after the first."""
+        first = len(self.history)
+        steps, accuracies = [self.step], [self.evaluate()]
+        self.train(progress=False)
+        for metrics in self.history[first:]:
+            if "eval_accuracy" in metrics:
+                steps.append(metrics["step"])
+                accuracies.append(metrics["eval_accuracy"])
+        return steps, accuracies
+
     def train_step(self) -> dict:
         """Sample, score, compute advantages, update; returns this step's metrics."""
         config = self.config
