@@ -34,7 +34,7 @@ def test_masked_reductions_ignore_garbage_outside_the_mask():
 
 
 def test_masked_mean_of_an_empty_mask_is_zero_not_nan():
-    assert masked_mean(torch.ones(2, 3), torch.zeros(2, 3)).item() == 0.0
+    assert masked_mean(torch.ones(2, 3), torch.zeros(2, 3)).item() == pytest.approx(0.0, abs=1e-12)
     assert torch.allclose(masked_mean(torch.ones(2, 3), torch.tensor([[0, 0, 0], [1, 1, 0]]), dim=-1),
                           torch.tensor([0.0, 1.0]))
 
@@ -234,8 +234,8 @@ def test_dapo_micro_batches_with_num_items_in_batch_give_the_whole_batch_gradien
 def test_on_policy_ratio_is_one_and_metrics_say_so():
     logp, _, advantages, _, mask = random_batch()
     _, metrics = policy_loss(logp, logp.clone(), advantages, mask)
-    assert metrics["ratio_min"] == metrics["ratio_max"] == 1.0
-    assert metrics["clip_frac"] == 0.0 and metrics["approx_kl"] == 0.0
+    assert metrics["ratio_min"] == pytest.approx(1.0, abs=1e-12) and metrics["ratio_max"] == pytest.approx(1.0, abs=1e-12)
+    assert metrics["clip_frac"] == pytest.approx(0.0, abs=1e-12) and metrics["approx_kl"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_garbage_on_padding_does_not_leak_into_the_loss():
