@@ -138,15 +138,15 @@ def test_drgrpo_length_stats_by_hand():
     reference = [task.demonstration(e) for e in examples]
     completions = [reference[0], reference[1] + "|123"]  # the first right, the second 4 characters too long
     stats = script.length_stats(task, examples, completions, task.rewards(examples, completions, [False, False]))
-    assert stats["excess_correct"] == 0.0 and stats["length_correct"] == len(reference[0])
-    assert stats["excess_wrong"] == 4.0 and stats["length_wrong"] == len(reference[1]) + 4
+    assert stats["excess_correct"] == pytest.approx(0.0) and stats["length_correct"] == len(reference[0])
+    assert stats["excess_wrong"] == pytest.approx(4.0) and stats["length_wrong"] == len(reference[1]) + 4
 
 
 def test_drgrpo_length_reduced_run():
     script = load_script("drgrpo_length")
     result = script.run(seeds=(0,), max_steps=2, eval_every=2, eval_size=8, num_generations=4,
                         per_device_train_batch_size=8)
-    assert set(result["runs"]) == set(script.PRESETS) and result["settings"]["beta"] == 0.0
+    assert set(result["runs"]) == set(script.PRESETS) and result["settings"]["beta"] == pytest.approx(0.0)
     for name in script.PRESETS:
         (run,) = result["runs"][name]
         assert run["eval_steps"] == [0, 2] and len(run["accuracy"]) == len(run["excess_wrong"]) == 2
