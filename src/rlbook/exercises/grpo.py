@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import call_reader
-from rlbook.exercises.pg import _as_tensor, _compare
+from rlbook.exercises.pg import _compare, _group_trials
 
 if TYPE_CHECKING:
     import torch
@@ -38,31 +37,9 @@ def reference_grpo_advantages(rewards: torch.Tensor, num_generations: int) -> to
     return (centred / (std + EPS)).flatten().to(rewards.dtype)
 
 
-def _random_groups(rng: np.random.Generator) -> tuple[torch.Tensor, int]:
-    """(N*G,) float32 rewards in N contiguous groups of G >= 2: 0/1 rewards (with all-equal groups), or reals."""
-    import torch
-
-    N, G = int(rng.integers(1, 5)), int(rng.integers(2, 9))
-    kind = rng.random()
-    if kind < 0.4:
-        rewards = rng.integers(0, 2, size=N * G).astype(float)
-    elif kind < 0.55:  # every group all-equal: the case that needs the small constant
-        rewards = np.repeat(rng.integers(0, 2, size=N).astype(float), G)
-    else:
-        rewards = rng.normal(0.0, 2.0, size=N * G)
-    return torch.as_tensor(rewards, dtype=torch.float32), G
-
-
 def check_grpo_advantages(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(rewards, num_generations) -> (N*G,)`` with GRPO's group-normalised advantage on random groups."""
-    rng = np.random.default_rng(seed)
-    for trial in range(num_trials):
-        rewards, G = _random_groups(rng)
-        original = rewards.clone()
-        inputs = f"  inputs of trial {trial} (seed {seed}): num_generations={G}, rewards = {rewards.tolist()}"
-        got = _as_tensor(call_reader(fn, (rewards, G), inputs), "a (N*G,) float tensor", inputs)
-        if not rewards.equal(original):
-            raise AssertionError(f"your function changed rewards in place; work on a copy\n{inputs}")
+    for original, G, got, inputs in _group_trials(fn, num_trials, seed):
         expected = reference_grpo_advantages(original, G)
         if got.shape == expected.shape and not bool(got.isfinite().all()):
             raise AssertionError("your advantages contain NaN or inf: a group whose rewards are all equal has std 0, "

@@ -78,15 +78,33 @@ def _random_episodes(rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tens
 
 
 def _random_groups(rng: np.random.Generator) -> tuple[torch.Tensor, int]:
-    """(N*G,) float32 rewards in N contiguous groups of G >= 2: 0/1 rewards (ties, all-equal groups) or reals."""
+    """(N*G,) float32 rewards in N contiguous groups of G >= 2: 0/1 rewards (with ties), groups that are all
+    equal (where a division by the std needs its small constant), or reals."""
     import torch
 
     N, G = int(rng.integers(1, 5)), int(rng.integers(2, 9))
-    if rng.random() < 0.5:
+    kind = rng.random()
+    if kind < 0.4:
         rewards = rng.integers(0, 2, size=N * G).astype(float)
+    elif kind < 0.55:
+        rewards = np.repeat(rng.integers(0, 2, size=N).astype(float), G)
     else:
         rewards = rng.normal(0.0, 2.0, size=N * G)
     return torch.as_tensor(rewards, dtype=torch.float32), G
+
+
+def _group_trials(fn: Callable, num_trials: int, seed: int):
+    """For each random trial of a group-advantage exercise: ``(rewards, G, the reader's (N*G,) result, a
+    description of the inputs)``; a crash or an in-place change of the rewards is reported with the inputs."""
+    rng = np.random.default_rng(seed)
+    for trial in range(num_trials):
+        rewards, G = _random_groups(rng)
+        original = rewards.clone()
+        inputs = f"  inputs of trial {trial} (seed {seed}): num_generations={G}, rewards = {rewards.tolist()}"
+        got = _as_tensor(call_reader(fn, (rewards, G), inputs), "a (N*G,) float tensor", inputs)
+        if not rewards.equal(original):
+            raise AssertionError(f"your function changed rewards in place; work on a copy\n{inputs}")
+        yield original, G, got, inputs
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -135,14 +153,7 @@ def check_discounted_pg_weights(fn: Callable, num_trials: int = NUM_TRIALS, seed
 
 def check_leave_one_out_advantages(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(rewards, num_generations) -> (N*G,)`` with the leave-one-out advantage on random groups."""
-    rng = np.random.default_rng(seed)
-    for trial in range(num_trials):
-        rewards, G = _random_groups(rng)
-        original = rewards.clone()
-        inputs = f"  inputs of trial {trial} (seed {seed}): num_generations={G}, rewards = {rewards.tolist()}"
-        got = _as_tensor(call_reader(fn, (rewards, G), inputs), "a (N*G,) float tensor", inputs)
-        if not rewards.equal(original):
-            raise AssertionError(f"your function changed rewards in place; work on a copy\n{inputs}")
+    for original, G, got, inputs in _group_trials(fn, num_trials, seed):
         expected = reference_leave_one_out_advantages(original, G)
         hint = ""
         centred = (original.double().view(-1, G) - original.double().view(-1, G).mean(-1, keepdim=True)).flatten()
