@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 import warnings
 from pathlib import Path
 
@@ -28,8 +27,8 @@ import torch
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    from rlbook.checkpoints import RECIPES, load_base_policy, load_manifest
-    from rlbook.trainer import Trainer, preset
+    from rlbook.checkpoints import RECIPES, load_manifest
+    from rlbook.trainer import run_from_base_policy
 
 # Per algorithm: the preset and what differs from it. GRPO's learning rate from a one-seed pilot of 300 steps:
 # 2e-4 and 5e-4 both gained 15-20 points of held-out accuracy, 1e-3 gained nothing. PPO keeps the rate of the PPO
@@ -43,28 +42,15 @@ LOGGED = ("reward", "accuracy", "frac_reward_zero_std", "kl_ref", "clip_frac", "
           "completion_length", "grad_norm", "value_loss", "explained_variance", "time_generate", "time_update")
 
 
-def run(task_name: str, algorithm: str, seed: int, steps: int, eval_every: int, eval_size: int, base=None,
+def run(task_name: str, algorithm: str, seed: int, steps: int, eval_every: int, eval_size: int,
         **overrides) -> dict:
-    """One training run from the base policy (``base = (model, tokenizer)`` or loaded here); returns its settings,
-    held-out accuracy curve and logged per-step metrics."""
+    """One training run from the base policy; returns its settings, held-out accuracy curve and logged metrics."""
     torch.set_num_threads(1)
     spec = dict(ALGORITHMS[algorithm])
     name = spec.pop("preset")
-    policy, tokenizer = load_base_policy(task_name)
-    recipe = RECIPES[task_name]
-    settings = dict(SETTINGS, max_completion_length=recipe.sft.max_new_tokens)
-    config = preset(name, **{**spec, **settings, **overrides}, max_steps=steps, seed=seed, eval_every=eval_every,
-                    eval_size=eval_size)
-    trainer = Trainer(policy, tokenizer, recipe.make_task(), config)
-    start = time.perf_counter()
-    eval_steps, eval_accuracy = trainer.train_with_eval_curve()
-    return {
-        "task": task_name, "algorithm": algorithm, "seed": seed,
-        "config": dict(vars(config)),
-        "eval_steps": eval_steps, "eval_accuracy": eval_accuracy,
-        "metrics": {k: [m.get(k) for m in trainer.history] for k in LOGGED},
-        "seconds": time.perf_counter() - start,
-    }
+    record = run_from_base_policy(task_name, name, seed=seed, max_steps=steps, eval_every=eval_every,
+                                  eval_size=eval_size, logged=LOGGED, **{**spec, **SETTINGS, **overrides})
+    return {"algorithm": algorithm, **record}
 
 
 def main(argv=None) -> Path:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 import warnings
 from pathlib import Path
 
@@ -23,8 +22,8 @@ import torch
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    from rlbook.checkpoints import RECIPES, load_base_policy
-    from rlbook.trainer import Trainer, preset
+    from rlbook.checkpoints import RECIPES
+    from rlbook.trainer import run_from_base_policy
 
 # Per algorithm: the preset and what differs from it. All: 8 prompts x 8 completions per step. PPO takes 4
 # optimiser steps per rollout (one per epoch), so it gets smaller learning rates than REINFORCE's one step: at
@@ -34,30 +33,20 @@ ALGORITHMS = {
     "ppo": dict(preset="ppo", learning_rate=1e-4, num_iterations=4),
     "ppo_lr3e-5": dict(preset="ppo", learning_rate=3e-5, num_iterations=4),
 }
+SETTINGS = dict(num_generations=8, per_device_train_batch_size=64)  # 8 prompts x 8 completions per step
 LOGGED = ("reward", "accuracy", "value_loss", "explained_variance", "clip_frac", "approx_kl", "ratio_max",
           "completion_length", "policy_loss")
 
 
 def run(task_name: str, algorithm: str, seed: int, steps: int, eval_every: int, eval_size: int,
         **overrides) -> dict:
-    """One training run; returns its settings, held-out accuracy curve and logged metrics."""
+    """One training run from the base policy; returns its settings, held-out accuracy curve and logged metrics."""
+    torch.set_num_threads(1)
     spec = dict(ALGORITHMS[algorithm])
     name = spec.pop("preset")
-    policy, tokenizer = load_base_policy(task_name)
-    recipe = RECIPES[task_name]
-    settings = dict(num_generations=8, per_device_train_batch_size=64, max_completion_length=recipe.sft.max_new_tokens)
-    config = preset(name, **{**spec, **settings, **overrides}, max_steps=steps, seed=seed, eval_every=eval_every,
-                    eval_size=eval_size)
-    trainer = Trainer(policy, tokenizer, recipe.make_task(), config)
-    start = time.perf_counter()
-    eval_steps, eval_accuracy = trainer.train_with_eval_curve()
-    return {
-        "task": task_name, "algorithm": algorithm, "seed": seed,
-        "config": {k: v for k, v in vars(config).items()},
-        "eval_steps": eval_steps, "eval_accuracy": eval_accuracy,
-        "metrics": {k: [m.get(k) for m in trainer.history] for k in LOGGED},
-        "seconds": time.perf_counter() - start,
-    }
+    record = run_from_base_policy(task_name, name, seed=seed, max_steps=steps, eval_every=eval_every,
+                                  eval_size=eval_size, logged=LOGGED, **{**spec, **SETTINGS, **overrides})
+    return {"algorithm": algorithm, **record}
 
 
 def main(argv=None) -> Path:

@@ -592,6 +592,28 @@ class Trainer:
         return self
 
 
+def run_from_base_policy(task_name: str, preset_name: str, *, seed: int, max_steps: int, eval_every: int,
+                         eval_size: int, logged: tuple[str, ...], **settings) -> dict:
+    """One training run of preset ``preset_name`` (with ``settings``) from the shipped base policy of
+    ``task_name``, recorded as the experiments store it: the config, the held-out accuracy curve, the per-step
+    values of ``logged`` and the wall time. The completion budget defaults to the base policy's SFT budget."""
+    from rlbook.checkpoints import RECIPES, load_base_policy  # imported here: the checkpoints need no trainer
+
+    policy, tokenizer = load_base_policy(task_name)
+    recipe = RECIPES[task_name]
+    config = preset(preset_name, **{"max_completion_length": recipe.sft.max_new_tokens, **settings},
+                    max_steps=max_steps, seed=seed, eval_every=eval_every, eval_size=eval_size)
+    trainer = Trainer(policy, tokenizer, recipe.make_task(), config)
+    start = time.perf_counter()
+    eval_steps, eval_accuracy = trainer.train_with_eval_curve()
+    return {
+        "task": task_name, "seed": seed, "config": dict(vars(config)),
+        "eval_steps": eval_steps, "eval_accuracy": eval_accuracy,
+        "metrics": {key: [m.get(key) for m in trainer.history] for key in logged},
+        "seconds": time.perf_counter() - start,
+    }
+
+
 def _seed(seed: int, step: int, round_: int = 0) -> int:
     """A distinct, reproducible seed for each (run seed, step, generation round)."""
     return int(np.random.default_rng([seed, step + 1, round_]).integers(2**62))
