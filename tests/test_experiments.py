@@ -75,14 +75,16 @@ def test_ppo_compare_reduced_run():
             assert record["metrics"]["clip_frac"] == [0.0, 0.0]
 
 
-def test_ppo_stored_results_match_the_script():
-    """The stored comparison has >= 5 seeds per algorithm, made with the script's current settings."""
+@pytest.mark.parametrize("name", ["ppo_compare", "grpo_training"])
+def test_preset_comparison_stored_results_match_the_script(name):
+    """The stored comparison (chapter 5's, the GRPO chapter's) has >= 5 seeds per algorithm, made with the
+    script's current settings."""
     import json
 
-    path = EXPERIMENTS / "results" / "ppo_compare.json"
+    path = EXPERIMENTS / "results" / f"{name}.json"
     if not path.exists():
         pytest.skip(f"{path.name} not stored yet")
-    script = load_script("ppo_compare")
+    script = load_script(name)
     stored = json.loads(path.read_text())
     for algorithm, spec in script.ALGORITHMS.items():
         runs = [r for r in stored["runs"] if r["algorithm"] == algorithm]
@@ -181,23 +183,6 @@ def test_grpo_training_reduced_run():
             assert all(math.isfinite(x) and x >= 0.0 for x in record["metrics"]["kl_ref"])
         else:
             assert all(math.isfinite(x) for x in record["metrics"]["value_loss"])
-
-
-def test_grpo_stored_results_match_the_script():
-    """The stored comparison has >= 5 seeds per algorithm, made with the script's current settings."""
-    import json
-
-    path = EXPERIMENTS / "results" / "grpo_training.json"
-    if not path.exists():
-        pytest.skip(f"{path.name} not stored yet")
-    script = load_script("grpo_training")
-    stored = json.loads(path.read_text())
-    for algorithm, spec in script.ALGORITHMS.items():
-        runs = [r for r in stored["runs"] if r["algorithm"] == algorithm]
-        assert len({r["seed"] for r in runs}) >= 5, algorithm
-        for run in runs:
-            assert run["config"]["learning_rate"] == pytest.approx(spec["learning_rate"])
-            assert run["eval_steps"][-1] == run["config"]["max_steps"]
 
 
 # ---------------------------------------------------------------- chapter "VAPO": PPO against VAPO on sort_scratchpad
