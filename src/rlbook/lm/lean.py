@@ -114,23 +114,16 @@ def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     B, L = input_ids.shape
     x = body.embed_tokens(input_ids)
     cos, sin = body.rotary_emb(x, position_ids)  # (B, L, head_dim)
-    cos, sin = cos[:, None], sin[:, None]
+    cos, sin = cos[:, :, None], sin[:, :, None]  # (B, L, 1, head_dim): broadcast over heads
     S = attention_mask.shape[1]
     visible = attention_mask[:, None, None, :].bool()  # (B, 1, 1, S)
     if L > 1:  # causal within the new positions (query i sits at column S - L + i)
         visible = _causal(visible, S, L, input_ids.device)
     for index, layer in enumerate(body.layers):
-        attn = layer.self_attn
-        h = _rms_norm(layer.input_layernorm, x)
-        q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(B, L, -1, attn.head_dim).transpose(1, 2)
-        k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(B, L, -1, attn.head_dim).transpose(1, 2)
-        v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(B, L, -1, attn.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k, v = (t.transpose(1, 2) for t in _rotated_qkv(layer, x, cos, sin))  # (B, heads, L, d)
         k, v = cache.update(index, k, v)
-        out = _attend(attn, q, k, v, visible).transpose(1, 2).reshape(B, L, -1)
-        x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-        x = x + _mlp(layer, x)
+        out = _attend(layer.self_attn, q, k, v, visible).transpose(1, 2).reshape(B, L, -1)
+        x = _attention_output_and_mlp(layer, x, out)
     return _rms_norm(body.norm, x)
 
 
@@ -149,6 +142,22 @@ def _attend(attn, q, k, v, visible):
     scores = (q @ k.transpose(-1, -2)) * attn.scaling  # (B, heads, Lq, S)
     scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
     return scores.softmax(-1, dtype=torch.float32).to(q.dtype) @ v
+
+
+def _rotated_qkv(layer, x, cos, sin):
+    """Queries and keys (rotated by the rotary embedding) and values of ``x`` (..., H), each (..., heads, d)."""
+    attn = layer.self_attn
+    h = _rms_norm(layer.input_layernorm, x)
+    q, k, v = (F.linear(h, proj.weight, proj.bias).unflatten(-1, (-1, attn.head_dim))
+               for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+
+def _attention_output_and_mlp(layer, x, attention_out):
+    """The rest of a decoder layer: the residual of the attention's output projection, then of the MLP."""
+    attn = layer.self_attn
+    x = x + F.linear(attention_out, attn.o_proj.weight, attn.o_proj.bias)
+    return x + _mlp(layer, x)
 
 
 def _mlp(layer, x):
@@ -181,19 +190,12 @@ def _packed_hidden_states(model, input_ids, attention_mask, position_ids, wanted
         return full.view(B, L, *t.shape[1:]).transpose(1, 2)
 
     for index, layer in enumerate(body.layers):
-        attn = layer.self_attn
-        h = _rms_norm(layer.input_layernorm, x)
-        q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(len(flat), -1, attn.head_dim)
-        k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(len(flat), -1, attn.head_dim)
-        v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(len(flat), -1, attn.head_dim)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        out = _attend(attn, unpack(q), unpack(k), unpack(v), visible)  # (B, heads, L, d)
+        q, k, v = _rotated_qkv(layer, x, cos, sin)  # (n, heads, d)
+        out = _attend(layer.self_attn, unpack(q), unpack(k), unpack(v), visible)  # (B, heads, L, d)
         out = out.transpose(1, 2).reshape(B * L, -1)[flat]  # (n, heads * d)
         if last is not None and index == n_layers - 1:  # nothing reads the other positions' last-layer output
             out, x = out[last], x[last]
-        x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-        x = x + _mlp(layer, x)
+        x = _attention_output_and_mlp(layer, x, out)
     x = _rms_norm(body.norm, x)
     where = flat if last is None else flat[last]
     return x.new_zeros((B * L, x.shape[-1])).index_copy(0, where, x).view(B, L, -1)
@@ -231,12 +233,7 @@ def _grouped_hidden_states(model, input_ids, attention_mask, position_ids, wante
 
     for index, layer in enumerate(body.layers):
         attn = layer.self_attn
-        h = _rms_norm(layer.input_layernorm, x)
-        q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(len(x), -1, attn.head_dim)
-        k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(len(x), -1, attn.head_dim)
-        v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(len(x), -1, attn.head_dim)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k, v = _rotated_qkv(layer, x, cos, sin)  # (n_p + n_c, heads, d)
         kp, vp = unpack(k[:n_p], p_flat, U, P), unpack(v[:n_p], p_flat, U, P)  # (U, kv_heads, P, d)
         out_p = _attend(attn, unpack(q[:n_p], p_flat, U, P), kp, vp, visible_p)
         keys = torch.cat([kp[inverse], unpack(k[n_p:], c_flat, B, T)], dim=2)  # (B, kv_heads, L, d)
@@ -247,9 +244,7 @@ def _grouped_hidden_states(model, input_ids, attention_mask, position_ids, wante
         x_p, x_c = x[:n_p], x[n_p:]
         if sel_p is not None and index == n_layers - 1:  # nothing reads the other positions' last-layer output
             out_p, x_p, out_c, x_c = out_p[sel_p], x_p[sel_p], out_c[sel_c], x_c[sel_c]
-        out, x = torch.cat([out_p, out_c]), torch.cat([x_p, x_c])
-        x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-        x = x + _mlp(layer, x)
+        x = _attention_output_and_mlp(layer, torch.cat([x_p, x_c]), torch.cat([out_p, out_c]))
     x = _rms_norm(body.norm, x)
     where_p = p_flat if sel_p is None else p_flat[sel_p]
     where_c = c_flat if sel_c is None else c_flat[sel_c]
