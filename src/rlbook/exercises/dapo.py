@@ -62,10 +62,7 @@ def check_soft_overlong_penalty(fn: Callable, num_trials: int = NUM_TRIALS, seed
         late = np.where(lengths <= max_length, np.minimum(0.0, (max_length - lengths) / cache_length), -1.0)
         if got.shape == expected.shape and np.allclose(got, late) and not np.allclose(late, expected):
             hint = " (your ramp starts at L_max; DAPO's starts L_cache tokens earlier, at L_max - L_cache)"
-        try:
-            assert_close(got, expected, "soft overlong penalty", atol=1e-9, rtol=1e-9)
-        except AssertionError as error:
-            raise AssertionError(f"{error}{hint}\n{inputs}") from None
+        assert_close(got, expected, "soft overlong penalty", atol=1e-9, rtol=1e-9, hint=hint, inputs=inputs)
     print("ok")
 
 

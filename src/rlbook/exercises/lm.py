@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import assert_close, call_reader
+from rlbook.exercises._compare import as_tensor, assert_close, call_reader
 
 if TYPE_CHECKING:
     import torch
@@ -129,26 +129,13 @@ def _random_logits(rng: np.random.Generator) -> tuple[torch.Tensor, float]:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _as_tensor(got, what: str, inputs: str) -> torch.Tensor:
-    import torch
-
-    if got is None:
-        raise AssertionError(f"your function returned None; it must return {what}\n{inputs}")
-    if not isinstance(got, torch.Tensor):
-        raise AssertionError(f"your function returned a {type(got).__name__}; it must return {what}\n{inputs}")
-    return got.detach().cpu()
-
-
 def _compare(got: torch.Tensor, expected: torch.Tensor, what: str, inputs: str, atol: float, rtol: float,
              nan_hint: str = "") -> None:
     if tuple(got.shape) != tuple(expected.shape):
         raise AssertionError(f"{what}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}\n{inputs}")
     if got.double().isnan().any():
         raise AssertionError(f"{what}: your result contains NaN{nan_hint}\n{inputs}")
-    try:
-        assert_close(got.double().numpy(), expected.double().numpy(), what, atol=atol, rtol=rtol)
-    except AssertionError as error:
-        raise AssertionError(f"{error}\n{inputs}") from None
+    assert_close(got.double().numpy(), expected.double().numpy(), what, atol=atol, rtol=rtol, inputs=inputs)
 
 
 def _unchanged(before: torch.Tensor, after: torch.Tensor, name: str, inputs: str) -> None:
@@ -173,7 +160,7 @@ def check_completion_mask_from_ids(fn: Callable, num_trials: int = NUM_TRIALS, s
         original = ids.clone()
         inputs = (f"  inputs of trial {trial} (seed {seed}): eos_id={eos_id}, completion_ids of shape "
                   f"{tuple(ids.shape)} =\n{ids}")
-        got = _as_tensor(call_reader(fn, (ids, eos_id), inputs), "a (B, T) torch.long tensor", inputs)
+        got = as_tensor(call_reader(fn, (ids, eos_id), inputs), "a (B, T) torch.long tensor", inputs)
         _unchanged(original, ids, "completion_ids", inputs)
         expected = reference_completion_mask_from_ids(original, eos_id)
         if tuple(got.shape) != tuple(expected.shape):
@@ -199,7 +186,7 @@ def _check_masked_reduction(fn: Callable, reference: Callable, what: str, num_tr
         originals = token_logprobs.clone(), mask.clone()
         inputs = (f"  inputs of trial {trial} (seed {seed}): token_logprobs and completion_mask of shape "
                   f"{tuple(mask.shape)}\n  token_logprobs =\n{token_logprobs}\n  completion_mask =\n{mask}")
-        got = _as_tensor(call_reader(fn, (token_logprobs, mask), inputs), "a (B,) torch tensor", inputs)
+        got = as_tensor(call_reader(fn, (token_logprobs, mask), inputs), "a (B,) torch tensor", inputs)
         _unchanged(originals[0], token_logprobs, "token_logprobs", inputs)
         _unchanged(originals[1], mask, "completion_mask", inputs)
         _compare(got, reference(*originals), what, inputs, atol=1e-4, rtol=1e-5,
@@ -236,7 +223,7 @@ def check_entropy_at_temperature(fn: Callable, num_trials: int = NUM_TRIALS, see
         original = logits.clone()
         inputs = (f"  inputs of trial {trial} (seed {seed + 2}): temperature={temperature}, logits of shape "
                   f"{tuple(logits.shape)} =\n{logits}")
-        got = _as_tensor(call_reader(fn, (logits, temperature), inputs), "a torch tensor of shape logits.shape[:-1]",
+        got = as_tensor(call_reader(fn, (logits, temperature), inputs), "a torch tensor of shape logits.shape[:-1]",
                          inputs)
         _unchanged(original, logits, "logits", inputs)
         _compare(got, reference_entropy_at_temperature(original.double(), temperature),

@@ -118,10 +118,7 @@ def check_iterative_policy_evaluation(fn: Callable, count: int = 30) -> None:
         exact = policy_evaluation(mdp, policy)
         inputs = _describe(checker, _SEED, case, mdp, tol=_TIGHT_TOL, policy=policy)
         got = call_reader(fn, (mdp, policy.copy(), _TIGHT_TOL), inputs)
-        try:
-            assert_close(got, exact, f"trial {case}: V^pi with tol = {_TIGHT_TOL}", atol=1e-7, rtol=1e-7)
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{inputs}") from None
+        assert_close(got, exact, f"trial {case}: V^pi with tol = {_TIGHT_TOL}", atol=1e-7, rtol=1e-7, inputs=inputs)
 
         iterates, steps = _iterates(mdp, policy)
         loose = _loose_tol(steps)
@@ -134,11 +131,8 @@ def check_iterative_policy_evaluation(fn: Callable, count: int = 30) -> None:
         if np.shape(got) == expected.shape and not np.allclose(got, expected, atol=1e-9, rtol=1e-9):
             diagnosis = _loose_tol_diagnosis(case, np.asarray(got, float), iterates, exact, tol, K)
             raise AssertionError(f"{diagnosis}\n{inputs}")
-        try:
-            what = f"trial {case}: V after the stopping rule with tol = {tol:.6g}"
-            assert_close(got, expected, what, atol=1e-9, rtol=1e-9)
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{inputs}") from None
+        what = f"trial {case}: V after the stopping rule with tol = {tol:.6g}"
+        assert_close(got, expected, what, atol=1e-9, rtol=1e-9, inputs=inputs)
     print("ok")
 
 
@@ -219,8 +213,5 @@ def check_average_reward(fn: Callable, count: int = 30) -> None:
         ) + _show("R[s]", R)
         expected = average_reward_reference(P, R)
         got = call_reader(fn, (P.copy(), R.copy()), inputs)
-        try:
-            assert_close(got, expected, f"trial {case}: lim (1 - gamma) V_gamma", atol=1e-8, rtol=1e-6)
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{inputs}") from None
+        assert_close(got, expected, f"trial {case}: lim (1 - gamma) V_gamma", atol=1e-8, rtol=1e-6, inputs=inputs)
     print("ok")

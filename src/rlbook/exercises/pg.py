@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import assert_close, call_reader
+from rlbook.exercises._compare import as_tensor, assert_close, call_reader
 
 if TYPE_CHECKING:
     import torch
@@ -101,30 +101,17 @@ def _group_trials(fn: Callable, num_trials: int, seed: int):
         rewards, G = _random_groups(rng)
         original = rewards.clone()
         inputs = f"  inputs of trial {trial} (seed {seed}): num_generations={G}, rewards = {rewards.tolist()}"
-        got = _as_tensor(call_reader(fn, (rewards, G), inputs), "a (N*G,) float tensor", inputs)
+        got = as_tensor(call_reader(fn, (rewards, G), inputs), "a (N*G,) float tensor", inputs)
         if not rewards.equal(original):
             raise AssertionError(f"your function changed rewards in place; work on a copy\n{inputs}")
         yield original, G, got, inputs
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _as_tensor(got, what: str, inputs: str) -> torch.Tensor:
-    import torch
-
-    if got is None:
-        raise AssertionError(f"your function returned None; it must return {what}\n{inputs}")
-    if not isinstance(got, torch.Tensor):
-        raise AssertionError(f"your function returned a {type(got).__name__}; it must return {what}\n{inputs}")
-    return got.detach().cpu()
-
-
 def _compare(got: torch.Tensor, expected: torch.Tensor, what: str, inputs: str, hint: str = "") -> None:
     if tuple(got.shape) != tuple(expected.shape):
         raise AssertionError(f"{what}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}\n{inputs}")
-    try:
-        assert_close(got.double().numpy(), expected.double().numpy(), what, atol=1e-4, rtol=1e-4)
-    except AssertionError as error:
-        raise AssertionError(f"{error}{hint}\n{inputs}") from None
+    assert_close(got.double().numpy(), expected.double().numpy(), what, atol=1e-4, rtol=1e-4, hint=hint, inputs=inputs)
 
 
 # ---------------------------------------------------------------------------------------------- checkers
@@ -138,7 +125,7 @@ def check_discounted_pg_weights(fn: Callable, num_trials: int = NUM_TRIALS, seed
         originals = rewards.clone(), mask.clone()
         inputs = (f"  inputs of trial {trial} (seed {seed}): gamma={gamma}, rewards =\n{rewards}\n"
                   f"  mask =\n{mask}")
-        got = _as_tensor(call_reader(fn, (rewards, mask, gamma), inputs), "a (B, T) float tensor", inputs)
+        got = as_tensor(call_reader(fn, (rewards, mask, gamma), inputs), "a (B, T) float tensor", inputs)
         if not (rewards.equal(originals[0]) and mask.equal(originals[1])):
             raise AssertionError(f"your function changed its inputs in place; work on a copy\n{inputs}")
         expected = reference_discounted_pg_weights(rewards, mask, gamma)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import assert_close, call_reader
+from rlbook.exercises._compare import assert_close, call_reader, check_against_reference
 
 if TYPE_CHECKING:
     import torch
@@ -84,27 +84,16 @@ def _random_ratio_inputs(rng: np.random.Generator):
 # ---------------------------------------------------------------------------------------------- checkers
 def check_gae_loop(fn: Callable) -> None:
     """Compare ``fn(rewards, values, mask, gamma, lam)`` with :func:`rlbook.objectives.gae` on random batches."""
-    import torch
-
     rng = np.random.default_rng(_SEED)
-    for trial in range(NUM_TRIALS):
-        rewards, values, mask, gamma, lam = _random_gae_inputs(rng)
-        inputs = (rewards.clone(), values.clone(), mask.clone())
 
-        def shown():
-            return (f"trial {trial}: gamma={gamma}, lam={lam}\nmask=\n{mask}\nrewards=\n{rewards}\n"
-                    f"values=\n{values}")
+    def trials():
+        for trial in range(NUM_TRIALS):
+            rewards, values, mask, gamma, lam = _random_gae_inputs(rng)
+            yield (dict(rewards=rewards, values=values, mask=mask, gamma=gamma, lam=lam),
+                   lambda: (f"trial {trial}: gamma={gamma}, lam={lam}\nmask=\n{mask}\nrewards=\n{rewards}\n"
+                            f"values=\n{values}"))
 
-        got = call_reader(fn, (rewards, values, mask, gamma, lam), shown)
-        for name, before, after in zip(("rewards", "values", "mask"), inputs, (rewards, values, mask)):
-            if not torch.equal(before.nan_to_num(7.0), after.nan_to_num(7.0)):
-                raise AssertionError(f"your function modified its input {name!r} in place ({shown()})")
-        got = torch.as_tensor(got)
-        if not bool(torch.isfinite(got).all()):
-            raise AssertionError(f"the advantages must be finite everywhere (0 on padding); got\n{got}\n{shown()}")
-        expected = reference_gae(rewards, values, mask, gamma, lam)
-        assert_close(got, expected, f"GAE advantages ({shown()})", atol=1e-9, rtol=1e-7)
-    print("ok")
+    check_against_reference(fn, trials(), reference_gae, "the GAE advantages", atol=1e-9, rtol=1e-7)
 
 
 def check_clipped_objective(fn: Callable) -> None:

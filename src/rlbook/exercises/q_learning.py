@@ -86,10 +86,7 @@ def _describe(trial: int, seed: int, case: dict, names: tuple[str, ...], tables:
 
 
 def _compare(got, expected, what: str, inputs: str) -> None:
-    try:
-        assert_close(got, expected, what)
-    except AssertionError as error:
-        raise AssertionError(f"{error}\n{inputs}") from None
+    assert_close(got, expected, what, inputs=inputs)
 
 
 def _check_returned(

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import assert_close, call_reader
+from rlbook.exercises._compare import assert_close, call_reader, check_against_reference
 
 _SEED = 20250909
 NUM_TRIALS = 200
@@ -78,28 +78,17 @@ def _random_pairs(rng: np.random.Generator):
 # ---------------------------------------------------------------------------------------------- checkers
 def check_rlhf_token_rewards(fn: Callable) -> None:
     """Compare ``fn(scores, logp, ref_logp, mask, beta)`` with :func:`rlbook.objectives.rlhf_token_rewards`."""
-    import torch
-
     rng = np.random.default_rng(_SEED)
-    for trial in range(NUM_TRIALS):
-        scores, logp, ref_logp, mask, beta = _random_token_reward_inputs(rng)
-        inputs = (scores.clone(), logp.clone(), ref_logp.clone(), mask.clone())
 
-        def shown():
-            return (f"trial {trial}: beta={beta}\nscores={scores}\nmask=\n{mask}\nlogp=\n{logp}\n"
-                    f"ref_logp=\n{ref_logp}")
+    def trials():
+        for trial in range(NUM_TRIALS):
+            scores, logp, ref_logp, mask, beta = _random_token_reward_inputs(rng)
+            yield (dict(scores=scores, logp=logp, ref_logp=ref_logp, mask=mask, beta=beta),
+                   lambda: (f"trial {trial}: beta={beta}\nscores={scores}\nmask=\n{mask}\nlogp=\n{logp}\n"
+                            f"ref_logp=\n{ref_logp}"))
 
-        got = call_reader(fn, (scores, logp, ref_logp, mask, beta), shown)
-        for name, before, after in zip(("scores", "logp", "ref_logp", "mask"), inputs,
-                                       (scores, logp, ref_logp, mask)):
-            if not torch.equal(before.nan_to_num(7.0), after.nan_to_num(7.0)):
-                raise AssertionError(f"your function modified its input {name!r} in place ({shown()})")
-        got = torch.as_tensor(got)
-        if not bool(torch.isfinite(got).all()):
-            raise AssertionError(f"the rewards must be finite everywhere (0 on padding); got\n{got}\n{shown()}")
-        expected = reference_rlhf_token_rewards(scores, logp, ref_logp, mask, beta)
-        assert_close(got, expected, f"per-token rewards ({shown()})", atol=1e-9, rtol=1e-7)
-    print("ok")
+    check_against_reference(fn, trials(), reference_rlhf_token_rewards, "the per-token rewards", atol=1e-9,
+                            rtol=1e-7)
 
 
 def check_bradley_terry_loss(fn: Callable) -> None:

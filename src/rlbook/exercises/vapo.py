@@ -65,10 +65,7 @@ def check_length_adaptive_lam(fn: Callable, num_trials: int = NUM_TRIALS, seed: 
         if got.shape == expected.shape and (got < 0).any():
             hint = (" (a negative lambda: for alpha * l < 1 the formula 1 - 1/(alpha l) is below 0; clamp it to "
                     "[0, 1])")
-        try:
-            assert_close(got, expected, "length-adaptive lambda", atol=1e-6, rtol=1e-6)
-        except AssertionError as error:
-            raise AssertionError(f"{error}{hint}\n{inputs}") from None
+        assert_close(got, expected, "length-adaptive lambda", atol=1e-6, rtol=1e-6, hint=hint, inputs=inputs)
     print("ok")
 
 
@@ -95,17 +92,12 @@ def check_decoupled_gae(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = 
                                  f"{inputs}")
         advantages, returns = (np.asarray(x, dtype=np.float64) for x in got)
         expected_adv, expected_ret = reference_decoupled_gae(rewards, values, mask, gamma, lam_policy, lam_critic)
-        try:
-            assert_close(advantages, expected_adv, "advantages (GAE with lam_policy)", atol=1e-6, rtol=1e-6)
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{inputs}") from None
+        assert_close(advantages, expected_adv, "advantages (GAE with lam_policy)", atol=1e-6, rtol=1e-6, inputs=inputs)
         hint = ""
         coupled = expected_adv + values * mask
         if returns.shape == coupled.shape and np.allclose(returns, coupled, atol=1e-6) and not np.allclose(
                 coupled, expected_ret, atol=1e-6):
             hint = " (your returns are A + V with the policy's lambda; the critic's targets use lam_critic)"
-        try:
-            assert_close(returns, expected_ret, "returns (GAE with lam_critic, plus V)", atol=1e-6, rtol=1e-6)
-        except AssertionError as error:
-            raise AssertionError(f"{error}{hint}\n{inputs}") from None
+        assert_close(returns, expected_ret, "returns (GAE with lam_critic, plus V)", atol=1e-6, rtol=1e-6,
+                     hint=hint, inputs=inputs)
     print("ok")
