@@ -11,6 +11,7 @@ from rlbook.exercises._compare import assert_close
 from rlbook.exercises.drgrpo import check_token_weights
 from rlbook.exercises.dapo import check_informative_groups, check_soft_overlong_penalty
 from rlbook.exercises.dpo import check_dpo_loss
+from rlbook.exercises.gfpo import check_gfpo_advantages
 from rlbook.exercises.lm import (
     check_completion_mask_from_ids,
     check_entropy_at_temperature,
@@ -42,6 +43,7 @@ __all__ = [
     "check_entropy_at_temperature",
     "check_expected_sarsa_update",
     "check_gae_loop",
+    "check_gfpo_advantages",
     "check_grpo_advantages",
     "check_informative_groups",
     "check_iterative_policy_evaluation",
