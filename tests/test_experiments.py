@@ -321,3 +321,43 @@ def test_dpo_stored_results_match_the_script():
         seeds.setdefault(run["arm"], set()).add(run["seed"])
         assert run["eval_steps"][-1] == script.STEPS
     assert set(seeds) == set(script.ARMS) and all(len(s) >= 5 for s in seeds.values())
+
+
+# ---------------------------------------------------------------- GFPO: length inflation under GRPO and GFPO
+def test_gfpo_length_excess_by_hand():
+    script = load_script("gfpo_length")
+    from rlbook.checkpoints import RECIPES
+
+    task = RECIPES[script.POLICY].make_task()
+    examples = task.sample(2, seed=0, split="test")
+    reference = [task.demonstration(e) for e in examples]
+    got = script.excess_lengths(task, examples, [reference[0], reference[1] + "|123"])
+    np.testing.assert_allclose(got, [0.0, 4.0], atol=1e-12)
+
+
+def test_gfpo_length_reduced_run():
+    script = load_script("gfpo_length")
+    result = script.run(seeds=(0,), held_out_size=8, max_steps=2, eval_every=2, eval_size=8)
+    assert set(result["runs"]) == set(script.METHODS)
+    for name in script.METHODS:
+        (run,) = result["runs"][name]
+        assert run["eval_steps"] == [0, 2] and len(run["excess_length"]) == len(run["time_step"]) == 2
+        assert all(0.0 <= a <= 1.0 for a in run["eval_accuracy"] + [run["start"]["accuracy"], run["end"]["accuracy"]])
+        filtered = name != "grpo"
+        assert all((k is not None) == filtered for k in run["kept_length"]), "survivors' length logged by GFPO only"
+
+
+def test_gfpo_stored_results_match_the_script():
+    """The stored results the chapter plots: >= 5 seeds per method, made with the script's current settings."""
+    import json
+
+    path = EXPERIMENTS / "results" / "gfpo_length.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} not stored yet")
+    script = load_script("gfpo_length")
+    stored = json.loads(path.read_text())
+    assert len(stored["seeds"]) >= 5 and stored["settings"] == script.SETTINGS
+    assert stored["methods"] == {name: spec for name, (_, spec) in script.METHODS.items()}
+    for name in script.METHODS:
+        assert len(stored["runs"][name]) == len(stored["seeds"])
+        assert all(len(run["excess_length"]) == script.SETTINGS["max_steps"] for run in stored["runs"][name])
