@@ -191,3 +191,70 @@ def test_default_device_and_autocast():
     with autocast("cpu"):  # a no-op on CPU: float32 logits
         logits = model(torch.tensor([[1, 5, 6]])).logits
     assert logits.dtype == torch.float32
+
+
+# ---------------------------------------------------------------- mixture of experts (chapter "GSPO")
+
+
+def test_moe_model_routes_each_token_to_its_top_k_experts(tokenizer):
+    from rlbook.lm import lean
+    from rlbook.lm.moe import expert_choices, is_moe, routers, routing_changed
+
+    model = build_model("tiny", arch="qwen3_moe", seed=0)
+    assert type(model).__name__ == "Qwen3MoeForCausalLM" and is_moe(model) and not is_moe(build_model("tiny"))
+    assert not lean.supports(model)  # rlbook.rollout falls back to the Hugging Face forward
+    cfg = model.config
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (4, 2, 96)
+    assert count_parameters(model) == 176_896
+    batch = tokenizer(["12+34=", "7+5=", "99+1="], return_tensors="pt", padding=True)
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    choices = expert_choices(model, ids, attn)
+    assert choices.shape == (cfg.num_hidden_layers, 3, ids.shape[1], 2)
+    # top-k: the recorded experts are the k largest router logits of the token's hidden state in that layer
+    captured = []
+    hooks = [gate.register_forward_hook(lambda m, args, out: captured.append(args[0])) for gate in routers(model)]
+    with torch.no_grad():
+        expert_choices(model, ids, attn)
+    for hook in hooks:
+        hook.remove()
+    for layer, (gate, hidden) in enumerate(zip(routers(model), captured)):
+        logits = hidden @ gate.weight.T  # (B*L, num_experts)
+        top = logits.topk(2, dim=-1).indices.sort(-1).values.reshape(3, ids.shape[1], 2)
+        assert torch.equal(top, choices[layer])  # integer indices compare exactly
+    assert ((choices[..., 0] != choices[..., 1])).all()  # two distinct experts per token
+    assert not routing_changed(choices, choices).any()
+    moved = choices.clone()
+    moved[1, 0, -1] = torch.tensor([0, 3]) if moved[1, 0, -1].tolist() != [0, 3] else torch.tensor([1, 2])
+    changed = routing_changed(choices, moved)
+    assert changed[0, -1] and int(changed.sum()) == 1
+    with pytest.raises(ValueError, match="no mixture-of-experts router"):
+        expert_choices(build_model("tiny"), ids, attn)
+    with pytest.raises(ValueError, match="different shapes"):
+        routing_changed(choices, choices[:, :1])
+
+
+def test_moe_model_samples_scores_and_trains(tokenizer):
+    """Rollout and log-probs agree on the MoE model, and SFT and one GSPO step work on it."""
+    from rlbook.rollout import generate_rollouts, sequence_logprobs
+    from rlbook.sft import SFTConfig, train_sft
+    from rlbook.tasks import get_task
+    from rlbook.trainer import Trainer, preset
+
+    model = build_model("tiny", arch="qwen3_moe", seed=0)
+    batch = generate_rollouts(model, tokenizer, ["12+34=", "7+5="], num_generations=3, max_new_tokens=5, seed=0)
+    mask = batch.completion_mask.float()
+    logp = sequence_logprobs(model, batch.input_ids, batch.attention_mask, mask)
+    torch.testing.assert_close(logp * mask, batch.logprobs * mask, rtol=1e-4, atol=1e-5)
+
+    task = get_task("arithmetic", num_digits=1, operations="+")
+    config = SFTConfig(max_steps=60, batch_size=32, lr=3e-3, warmup_steps=5, eval_every=60, eval_size=8,
+                       max_new_tokens=3)
+    history = train_sft(model, tokenizer, task, config)
+    assert sum(history.losses[-10:]) / 10 < 0.6 * history.losses[0]  # it learns: the loss falls by far
+
+    before = [p.detach().clone() for p in model.parameters()]
+    rl = preset("gspo", num_generations=4, per_device_train_batch_size=8, max_completion_length=3, max_steps=1,
+                learning_rate=3e-4)
+    metrics = Trainer(model, tokenizer, task, rl).train_step()
+    assert metrics["optimizer_steps"] == 4
+    assert any(not torch.allclose(a, b, rtol=0, atol=1e-9) for a, b in zip(before, model.parameters()))

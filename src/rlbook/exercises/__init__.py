@@ -12,6 +12,7 @@ from rlbook.exercises.drgrpo import check_token_weights
 from rlbook.exercises.dapo import check_informative_groups, check_soft_overlong_penalty
 from rlbook.exercises.dpo import check_dpo_loss
 from rlbook.exercises.gfpo import check_gfpo_advantages
+from rlbook.exercises.gspo import check_gspo_loss
 from rlbook.exercises.lm import (
     check_completion_mask_from_ids,
     check_entropy_at_temperature,
@@ -45,6 +46,7 @@ __all__ = [
     "check_gae_loop",
     "check_gfpo_advantages",
     "check_grpo_advantages",
+    "check_gspo_loss",
     "check_informative_groups",
     "check_iterative_policy_evaluation",
     "check_leave_one_out_advantages",

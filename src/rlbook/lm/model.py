@@ -27,6 +27,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 from transformers.utils import logging as hf_logging
 
@@ -68,6 +70,16 @@ MODEL_SIZES: dict[str, ModelSize] = {
 ARCHITECTURES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    # A mixture of experts (the architecture of Qwen3-30B-A3B, which GSPO was trained on): every MLP is replaced by
+    # num_experts SwiGLU experts, and a linear router sends each token to its num_experts_per_tok best ones
+    # (rlbook.lm.moe reads those choices). Tiny defaults below; the config's own (128 experts) would be huge here.
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+}
+
+# Config defaults per architecture, applied before the caller's overrides. moe_intermediate_size 96: the two
+# experts a token uses have the dense "tiny" MLP's width (192) between them.
+ARCH_DEFAULTS: dict[str, dict] = {
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=96, norm_topk_prob=True),
 }
 
 
@@ -113,6 +125,7 @@ def build_model(
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         **dataclasses.asdict(size),
+        **ARCH_DEFAULTS.get(arch, {}),
         **extra,  # may override any of the above, e.g. vocab_size=151_936 to try a real vocabulary's cost
     })
     with torch.random.fork_rng(devices=[]):  # seed the init without disturbing the caller's random stream

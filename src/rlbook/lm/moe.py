@@ -1,0 +1,67 @@
+"""Mixture-of-experts helpers: which experts the router picks for every token (chapter "GSPO").
+
+A tiny mixture-of-experts policy is ``build_model("tiny", arch="qwen3_moe")`` (:mod:`rlbook.lm.model`): in each
+layer a linear router scores ``num_experts`` SwiGLU experts for every token and sends the token to its
+``num_experts_per_tok`` best ones, whose outputs are mixed with the renormalised router probabilities. The lean
+forward (:mod:`rlbook.lm.lean`) does not support it, so :mod:`rlbook.rollout` uses the Hugging Face forward.
+
+The choice is discrete: a small change of the weights can swap a token's experts, and then the token's log-prob
+jumps. GSPO's paper names this as the reason token-level ratios fluctuate on MoE models. :func:`expert_choices`
+records the choice; :func:`routing_changed` compares two policies' choices token by token.
+
+    choices_old = expert_choices(old_model, input_ids, attention_mask)     # (layers, B, L, k)
+    choices_new = expert_choices(new_model, input_ids, attention_mask)
+    changed = routing_changed(choices_old, choices_new)                    # (B, L) bool: any layer's set differs
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def routers(model) -> list[torch.nn.Module]:
+    """The router module of every MoE layer of ``model``, in layer order (an empty list for a dense model).
+
+    A router is a module with a ``top_k`` attribute whose output is ``(logits, scores, indices)`` (transformers'
+    ``*TopKRouter`` classes of Qwen2-MoE, Qwen3-MoE and Mixtral)."""
+    return [m for m in model.modules() if type(m).__name__.endswith("TopKRouter") and hasattr(m, "top_k")]
+
+
+def is_moe(model) -> bool:
+    """True when ``model`` has at least one routed (mixture-of-experts) layer."""
+    return bool(routers(model))
+
+
+@torch.no_grad()
+def expert_choices(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The experts every token is routed to: a (layers, B, L, k) long tensor, each token's k indices sorted.
+
+    ``input_ids`` and ``attention_mask`` are (B, L), prompt and completion together (as in
+    :func:`rlbook.rollout.sequence_logprobs`); padded positions get indices too, mask them out yourself.
+    Raises ``ValueError`` for a model without routed layers."""
+    gates = routers(model)
+    if not gates:
+        raise ValueError(f"{type(model).__name__} has no mixture-of-experts router: expert_choices needs a MoE "
+                         "model such as build_model('tiny', arch='qwen3_moe')")
+    if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
+        raise ValueError(f"input_ids and attention_mask must both be (B, L), got {tuple(input_ids.shape)} and "
+                         f"{tuple(attention_mask.shape)}")
+    recorded: list[torch.Tensor] = []
+    hooks = [gate.register_forward_hook(lambda module, args, output: recorded.append(output[2])) for gate in gates]
+    try:
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # left padding, as in rollout
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    B, L = input_ids.shape
+    return torch.stack([indices.reshape(B, L, -1).sort(-1).values for indices in recorded])
+
+
+def routing_changed(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """(B, L) bool: True where a token's set of experts differs between ``old`` and ``new`` in any layer.
+
+    Both are (layers, B, L, k) from :func:`expert_choices` (indices sorted, so equal sets compare equal)."""
+    if old.shape != new.shape:
+        raise ValueError(f"expert choices of different shapes: {tuple(old.shape)} and {tuple(new.shape)}")
+    return (old != new).any(-1).any(0)
