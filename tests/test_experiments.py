@@ -361,3 +361,34 @@ def test_gfpo_stored_results_match_the_script():
     for name in script.METHODS:
         assert len(stored["runs"][name]) == len(stored["seeds"])
         assert all(len(run["excess_length"]) == script.SETTINGS["max_steps"] for run in stored["runs"][name])
+
+
+# ---------------------------------------------------------------- GSPO: token vs sequence ratios on a dense and a MoE policy
+def test_gspo_moe_reduced_run():
+    script = load_script("gspo_moe")
+    result = script.run(seeds=(0,), steps=2, moe_sft_steps=3)
+    assert result["moe_sft"]["sft_steps"] == 3 and result["moe_sft"]["parameters"] > 0
+    for arm, spec in script.ARMS.items():
+        (run,) = result["runs"][arm]
+        assert len(run["reward"]) == 2 and run["eval_steps"][0] == 0
+        assert all(math.isfinite(v) and v >= 0 for v in run["var_sequence"] + run["var_token"])
+        if spec["policy"] == "moe":
+            assert all(0.0 <= f <= 1.0 for f in run["route_changed"])
+        else:
+            assert run["route_changed"] == [None, None]
+
+
+def test_gspo_moe_stored_results_match_the_script():
+    """The stored runs have >= 5 seeds per arm, made with the script's current settings."""
+    import json
+
+    path = EXPERIMENTS / "results" / "gspo_moe.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} not stored yet")
+    script = load_script("gspo_moe")
+    stored = json.loads(path.read_text())
+    assert len(stored["seeds"]) >= 5 and stored["common"] == script.COMMON and stored["arms"] == script.ARMS
+    assert stored["moe"] == script.MOE and stored["steps"] == script.STEPS
+    for arm in script.ARMS:
+        assert len(stored["runs"][arm]) == len(stored["seeds"])
+        assert all(len(run["reward"]) == script.STEPS for run in stored["runs"][arm])
