@@ -5,7 +5,17 @@ import math
 import pytest
 import torch
 
-from rlbook.objectives import gae, kl_estimate, masked_mean, masked_sum, masked_whiten, policy_loss, value_loss
+from rlbook.objectives import (
+    gae,
+    kl_estimate,
+    lambda_grpo_softmax,
+    lambda_grpo_weights,
+    masked_mean,
+    masked_sum,
+    masked_whiten,
+    policy_loss,
+    value_loss,
+)
 
 
 def ragged_mask(lengths, T):
@@ -568,3 +578,108 @@ def test_gfpo_bad_input(call, match):
 
     with pytest.raises(ValueError, match=match):
         call(gfpo_keep_mask, gfpo_adaptive_k)
+
+
+# --- λ-GRPO: learnable length-based response weights -----------------------------------------------------------
+
+
+def _lambda_batch(seed=0, G=4, N=2, T=9):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (N * G,), generator=g)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
+    logp = (-torch.rand(N * G, T, generator=g) - 0.1).requires_grad_(True)
+    old_logp = logp.detach() + 0.05 * torch.randn(N * G, T, generator=g)
+    advantages = torch.randn(N * G, generator=g)
+    return lengths, mask, logp, old_logp, advantages
+
+
+def test_lambda_grpo_weights_sum_to_one_per_group_and_f_is_g_times_w():
+    lengths = torch.tensor([3, 5, 9, 4, 2, 2, 2, 2, 1, 7, 7, 16])
+    for lam in (-2.0, -0.5, 0.0, 0.7, 3.0):
+        w = lambda_grpo_softmax(lengths, 4, lam)
+        torch.testing.assert_close(w.view(-1, 4).sum(-1), torch.ones(3), atol=1e-6, rtol=0)
+        torch.testing.assert_close(lambda_grpo_weights(lengths, 4, lam), 4 * w, atol=1e-6, rtol=0)
+        torch.testing.assert_close(w[4:8], torch.full((4,), 0.25), atol=1e-6, rtol=0)  # equal lengths: uniform
+    w = lambda_grpo_softmax(lengths, 4, 1.0)
+    assert bool((w[:4].argsort() == torch.tensor([0, 3, 1, 2])).all())  # lambda > 0: the longer, the heavier
+    w = lambda_grpo_softmax(lengths, 4, -1.0)
+    assert bool((w[:4].argsort() == torch.tensor([2, 1, 3, 0])).all())  # lambda < 0: the shorter, the heavier
+
+
+def test_lambda_zero_is_dapo_in_value_and_gradient():
+    lengths, mask, logp, old_logp, advantages = _lambda_batch()
+    dapo, _ = policy_loss(logp, old_logp, advantages, mask, loss_type="dapo")
+    (grad_dapo,) = torch.autograd.grad(dapo, logp)
+    weights = lambda_grpo_weights(lengths, 4, 0.0)
+    lam_loss, _ = policy_loss(logp, old_logp, advantages, mask, loss_type="dapo", response_weights=weights)
+    (grad_lam,) = torch.autograd.grad(lam_loss, logp)
+    torch.testing.assert_close(lam_loss, dapo, atol=1e-7, rtol=1e-6)
+    torch.testing.assert_close(grad_lam, grad_dapo, atol=1e-7, rtol=1e-6)
+
+
+def test_grpo_dapo_and_dr_grpo_are_one_formula_with_different_response_weights():
+    lengths, mask, logp, old_logp, advantages = _lambda_batch(seed=1, T=11)
+    B, T = mask.shape
+    n = lengths.float()
+    weights = {"grpo": 1 / (B * n), "dapo": torch.full((B,), 1 / n.sum()), "dr_grpo": torch.full((B,), 1 / (B * T))}
+    for loss_type, f in weights.items():
+        expected, _ = policy_loss(logp, old_logp, advantages, mask, loss_type=loss_type, max_completion_length=T)
+        (grad_expected,) = torch.autograd.grad(expected, logp)
+        unified, _ = policy_loss(logp, old_logp, advantages, mask, loss_type="dapo", num_items_in_batch=1,
+                                 response_weights=f)
+        (grad_unified,) = torch.autograd.grad(unified, logp)
+        torch.testing.assert_close(unified, expected, atol=1e-7, rtol=1e-5)
+        torch.testing.assert_close(grad_unified, grad_expected, atol=1e-7, rtol=1e-5)
+
+
+def test_the_gradient_in_lambda_raises_lambda_when_the_long_completions_are_the_good_ones():
+    # one group; at ratio 1 the loss is -sum_i f_i A_i |o_i| / sum|o|, and at lambda = 0
+    # d loss / d lambda = -sum_i (ln h_i - mean ln h) A_i |o_i| / sum|o| (the chapter's derivation)
+    lengths = torch.tensor([2, 4, 6, 8])
+    mask = (torch.arange(8)[None, :] < lengths[:, None]).float()
+    logp = -torch.ones(4, 8)
+    for sign in (1.0, -1.0):
+        advantages = sign * torch.tensor([-1.5, -0.5, 0.5, 1.5])  # sign > 0: the long ones are right
+        lam = torch.zeros((), requires_grad=True)
+        loss, _ = policy_loss(logp, logp, advantages, mask, loss_type="dapo",
+                              response_weights=lambda_grpo_weights(lengths, 4, lam))
+        (grad,) = torch.autograd.grad(loss, lam)
+        n = lengths.float()
+        z = (n - n.mean()) / (n.std() + 1e-4)
+        log_h = torch.log(1 + 0.3 * z)
+        expected = -((log_h - log_h.mean()) * advantages * n).sum() / n.sum()
+        assert torch.isfinite(grad)
+        torch.testing.assert_close(grad, expected, atol=1e-6, rtol=1e-5)
+        assert (grad < 0) if sign > 0 else (grad > 0)  # gradient descent moves lambda toward the good lengths
+
+
+def test_lambda_grpo_floor_keeps_the_weights_finite_and_r_is_differentiable():
+    lengths = torch.tensor([1, 1, 1, 1, 1, 1, 1, 40])  # z of the short ones is about -0.35; r = 5 gives h < 0
+    r = torch.tensor(5.0, requires_grad=True)
+    w = lambda_grpo_softmax(lengths, 8, 0.5, r=r)
+    assert bool(torch.isfinite(w).all())
+    (grad_r,) = torch.autograd.grad(w[-1], r)
+    assert torch.isfinite(grad_r)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: lambda_grpo_weights(torch.tensor([1, 2, 3]), 2, 0.0), "in groups of num_generations"),
+        (lambda: lambda_grpo_weights(torch.ones(2, 2), 2, 0.0), "one per completion"),
+        (lambda: lambda_grpo_weights(torch.tensor([1, 2]), 1, 0.0), "num_generations >= 2"),
+        (lambda: lambda_grpo_weights(torch.tensor([0, 2]), 2, 0.0), "all-masked row"),
+        (lambda: lambda_grpo_weights(torch.tensor([1.0, float("nan")]), 2, 0.0), "lengths must be finite"),
+        (lambda: lambda_grpo_weights(torch.tensor([1, 2]), 2, float("inf")), "lam and r must be finite"),
+        (lambda: lambda_grpo_weights(torch.tensor([1, 2]), 2, torch.zeros(2)), "must be scalars"),
+        (lambda: policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2), torch.ones(2, 3),
+                             response_weights=torch.ones(3)), r"response_weights must be \(B,\)"),
+        (lambda: policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2), torch.ones(2, 3),
+                             response_weights=torch.tensor([1.0, -1.0])), "finite and >= 0"),
+        (lambda: policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2), torch.ones(2, 3),
+                             loss_type="gmpo", response_weights=torch.ones(2)), "GMPO"),
+    ],
+)
+def test_lambda_grpo_bad_input_is_a_clear_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

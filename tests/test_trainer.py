@@ -348,3 +348,56 @@ def test_train_with_eval_curve_starts_at_the_first_step_and_follows_eval_every()
     steps, accuracies = trainer.train_with_eval_curve()
     assert steps == [0, 2, 4] and len(accuracies) == 3 and all(0 <= a <= 1 for a in accuracies)
     assert accuracies[1:] == [m["eval_accuracy"] for m in trainer.history if "eval_accuracy" in m]
+
+
+# --- λ-GRPO: a learnable λ ------------------------------------------------------------------------------------
+
+
+def test_lambda_grpo_learns_lambda_toward_the_rewarded_lengths_and_logs_it():
+    # length_reward: within a group the longer completions have the higher reward, so lambda must grow
+    trainer = make_trainer("lambda_grpo", max_steps=4, max_completion_length=8)
+    history = trainer.train(progress=False)
+    lambdas = [m["lambda"] for m in history]
+    assert all(math.isfinite(x) for x in lambdas)
+    assert lambdas[-1] > 0.0 and lambdas[-1] > lambdas[0] - 1e-9
+    assert float(trainer.lam.detach()) == pytest.approx(lambdas[-1], abs=1e-7)
+
+
+def test_lambda_grpo_with_a_fixed_lambda_zero_is_the_same_run_as_without_weights():
+    fixed = make_trainer("lambda_grpo", max_steps=2, lambda_learning_rate=0.0)
+    fixed.train(progress=False)
+    plain = make_trainer("lambda_grpo", max_steps=2, lambda_grpo=False)
+    plain.train(progress=False)
+    assert [m["lambda"] for m in fixed.history] == pytest.approx([0.0, 0.0], abs=1e-12)
+    for a, b in zip(fixed.history, plain.history):
+        for key in ("reward", "policy_loss", "approx_kl", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+
+
+def test_lambda_grpo_resume_restores_lambda_and_continues_like_an_uninterrupted_run(tmp_path):
+    straight = make_trainer("lambda_grpo", max_steps=4)
+    straight.train(progress=False)
+    first = make_trainer("lambda_grpo", max_steps=4)
+    first.train(steps=2, progress=False)
+    first.save_checkpoint(tmp_path / "ckpt")
+    second = make_trainer("lambda_grpo", max_steps=4).resume(tmp_path / "ckpt")
+    assert float(second.lam.detach()) == pytest.approx(first.history[-1]["lambda"], abs=1e-7)
+    second.train(progress=False)
+    for a, b in zip(straight.history, second.history):
+        for key in ("lambda", "policy_loss", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["step"], key)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(lambda_grpo=True, loss_type="gmpo"), "lambda_grpo needs"),
+        (dict(lambda_grpo=True, advantage_estimator="rloo"), "lambda_grpo needs"),
+        (dict(lambda_grpo=True, lambda_r=0.0), "lambda_r positive"),
+        (dict(lambda_grpo=True, lambda_learning_rate=-1e-3), "lambda_learning_rate must be >= 0"),
+        (dict(lambda_grpo=True, lambda_init=float("nan")), "lambda_init must be finite"),
+    ],
+)
+def test_lambda_grpo_config_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RLConfig(**kwargs)

@@ -225,6 +225,72 @@ def gfpo_adaptive_k(rewards: torch.Tensor, num_generations: int, k_by_difficulty
     return k_values[bucket]
 
 
+def lambda_grpo_softmax(
+    lengths: torch.Tensor,
+    num_generations: int,
+    lam: float | torch.Tensor,
+    r: float | torch.Tensor = 0.3,
+    eps: float = 1e-4,
+    h_min: float = 1e-3,
+) -> torch.Tensor:
+    """λ-GRPO's softmax weights w (N·G,), which sum to 1 over each group (see :func:`lambda_grpo_weights`).
+
+    Within a group of completion lengths |o_1|, …, |o_G| (contiguous groups of ``num_generations``):
+
+        z_i = (|o_i| − mean|o|) / (std|o| + eps)    (std unbiased, n − 1, as in :func:`group_advantages`)
+        h_i = max(1 + r · z_i, h_min)
+        w_i = softmax_i(h_i^λ) = exp(h_i^λ) / Σ_j exp(h_j^λ)
+
+    Differentiable in ``lam`` and ``r`` (pass tensors that require grad). λ = 0 gives h^0 = 1 and uniform
+    weights 1/G; with r > 0, λ > 0 puts more weight on the longer completions of a group and λ < 0 on the
+    shorter ones. A group of equal lengths has z = 0 and uniform weights for every λ.
+
+    ``h_min`` is our assumption: h^λ is undefined for h ≤ 0 and non-integer λ, and what the paper does there was
+    not found. |z_i| ≤ (G − 1)/√G within a group, so r < √G/(G − 1) (0.40 for G = 8) never reaches the floor.
+    """
+    if lengths.dim() != 1 or num_generations < 1 or lengths.numel() == 0 or lengths.numel() % num_generations:
+        raise ValueError(f"lengths must be one per completion, (N*G,), in groups of num_generations="
+                         f"{num_generations}; got shape {tuple(lengths.shape)}")
+    G = num_generations
+    if G < 2:
+        raise ValueError(f"lambda_grpo weights need num_generations >= 2 for a length std, got {G}")
+    lam = torch.as_tensor(lam, dtype=torch.float32, device=lengths.device)
+    r = torch.as_tensor(r, dtype=torch.float32, device=lengths.device)
+    if lam.dim() or r.dim():
+        raise ValueError(f"lam and r must be scalars, got shapes {tuple(lam.shape)} and {tuple(r.shape)}")
+    if not (bool(torch.isfinite(lam)) and bool(torch.isfinite(r))):
+        raise ValueError(f"lam and r must be finite, got {lam.item()} and {r.item()}")
+    if not eps > 0 or not h_min > 0:
+        raise ValueError(f"eps and h_min must be positive, got {eps} and {h_min}")
+    if not bool(torch.isfinite(lengths.to(torch.float32)).all()):
+        raise ValueError(f"lengths must be finite, got {lengths.tolist()[:8]}")
+    if bool((lengths < 1).any()):
+        rows = (lengths < 1).nonzero().flatten().tolist()
+        raise ValueError(f"completions {rows[:5]} have no token (an all-masked row): every length must be >= 1")
+    groups = lengths.to(torch.float32).view(-1, G)
+    z = (groups - groups.mean(-1, keepdim=True)) / (groups.std(-1, keepdim=True) + eps)
+    h = (1 + r * z).clamp(min=h_min)
+    return torch.softmax(h**lam, dim=-1).flatten()
+
+
+def lambda_grpo_weights(
+    lengths: torch.Tensor,
+    num_generations: int,
+    lam: float | torch.Tensor,
+    r: float | torch.Tensor = 0.3,
+    eps: float = 1e-4,
+    h_min: float = 1e-3,
+) -> torch.Tensor:
+    """λ-GRPO's per-response weights f (N·G,): f_i = G · w_i, which sum to G over each group.
+
+    With them the loss is Σ_i f_i Σ_t ℓ_{i,t} / Σ_i |o_i| (``policy_loss(..., loss_type="dapo",
+    response_weights=f)``): every token of completion i carries the weight f_i. λ = 0 gives f = 1, which is
+    DAPO's token mean exactly; GRPO (f_i ∝ 1/|o_i|) and Dr. GRPO (f_i constant per batch) are other choices of
+    f. See :func:`lambda_grpo_softmax` for w, the length standardisation and the floor ``h_min``.
+    """
+    return num_generations * lambda_grpo_softmax(lengths, num_generations, lam, r, eps, h_min)
+
+
 def _check_groups(rewards: torch.Tensor, num_generations: int) -> int:
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be one per completion, shape (N*G,), got {tuple(rewards.shape)}")
@@ -319,6 +385,7 @@ def policy_loss(
     beta: float = 0.0,
     ref_logp: torch.Tensor | None = None,
     importance_sampling_level: str = "token",
+    response_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate (PPO-Clip) with an optional in-loss KL term, aggregated as ``loss_type``.
 
@@ -349,6 +416,12 @@ def policy_loss(
     min(Δ, clip(Δ, −ε, ε_high)); A ≤ 0: max(Δ, clip(Δ, −ε, ε_high))), and the loss is
     mean_i(−A_i · exp(Σ_t m Δ̃_t / |o_i|)) (+ β · mean_i of the row's mean k3). Here ε is in log space (0.4 in GMPO).
     Sequence-level ratios and GMPO need at least one token in every row.
+
+    ``response_weights`` (B,) ≥ 0 (λ-GRPO) multiply every token's loss of row i by f_i before the aggregation:
+    with ``loss_type="dapo"`` the loss is Σ_i f_i Σ_t m ℓ_{i,t} / ``num_items_in_batch``, and with
+    ``num_items_in_batch=1`` the bare Σ_i f_i Σ_t m ℓ_{i,t}, the one formula of which GRPO (f_i = 1/(B|o_i|)),
+    DAPO (f_i = 1/Σ_j |o_j|) and Dr. GRPO (f_i = 1/(B · L_max)) are special cases. Gradients flow into the
+    weights (λ-GRPO learns its λ through them). Not with ``"gmpo"``.
 
     Returns ``(loss, metrics)``; the metrics are detached floats over the masked tokens: ``clip_frac_low``
     (ρ < 1 − ε with A < 0), ``clip_frac_high`` (ρ > 1 + ε_high with A > 0), ``clip_frac`` (their sum: the tokens
@@ -387,6 +460,14 @@ def policy_loss(
         _check_same_shape(logp=logp, ref_logp=ref_logp)
         _check_finite("ref_logp", ref_logp, mask)
 
+    if response_weights is not None:
+        if loss_type == "gmpo":
+            raise ValueError("response_weights weigh token losses; GMPO's loss is per row (use another loss_type)")
+        if response_weights.shape != logp.shape[:1]:
+            raise ValueError(f"response_weights must be (B,) = ({logp.shape[0]},), got {tuple(response_weights.shape)}")
+        if not bool(torch.isfinite(response_weights).all()) or bool((response_weights < 0).any()):
+            raise ValueError(f"response_weights must be finite and >= 0, got {response_weights.tolist()[:8]}")
+
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     log_ratio = torch.where(mask, logp - old_logp, zero)  # padding may hold garbage: keep it out of exp
     lengths = mask.sum(-1)
@@ -409,6 +490,8 @@ def policy_loss(
         per_token = -torch.minimum(ratio * advantages, clipped * advantages)
         if beta > 0:
             per_token = per_token + beta * kl_ref
+        if response_weights is not None:
+            per_token = per_token * response_weights[:, None]
         loss = _aggregate(per_token, mask, loss_type, max_completion_length, num_items_in_batch)
         low = (ratio < 1 - epsilon) & (advantages < 0)
         high = (ratio > 1 + epsilon_high) & (advantages > 0)

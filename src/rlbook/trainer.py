@@ -40,6 +40,7 @@ from rlbook.objectives import (
     gfpo_keep_mask,
     group_advantages,
     kl_estimate,
+    lambda_grpo_weights,
     leave_one_out_advantages,
     length_adaptive_lam,
     masked_mean,
@@ -85,6 +86,12 @@ class RLConfig:
     gfpo_k: int | None = None
     gfpo_metric: str = "length"
     gfpo_adaptive: bool = False  # Adaptive Difficulty: k per prompt from its difficulty (see gfpo_adaptive_k)
+    # λ-GRPO: token losses weighted by f_i = G softmax_i(h_i^λ) of the standardised lengths (lambda_grpo_weights),
+    # with λ a parameter learned by its own AdamW group from the same loss (0: a fixed λ); r is fixed
+    lambda_grpo: bool = False
+    lambda_init: float = 0.0  # λ = 0 starts as DAPO's token mean
+    lambda_learning_rate: float = 1e-2
+    lambda_r: float = 0.3  # h_i = 1 + r z_i; r < sqrt(G)/(G - 1) keeps h > 0 in every group
     # DAPO's techniques (each off by default)
     mask_truncated_completions: bool = False  # overlong filtering: no loss on completions cut at the budget
     overlong_buffer_length: int | None = None  # soft overlong punishment: L_cache of the ramp before the budget
@@ -161,6 +168,16 @@ class RLConfig:
             raise ValueError(f"gfpo_k must lie in [1, num_generations = {self.num_generations}], got {self.gfpo_k}")
         if (self.gfpo_k is not None or self.gfpo_adaptive) and self.advantage_estimator != "grpo":
             raise ValueError("GFPO filtering (gfpo_k, gfpo_adaptive) needs advantage_estimator='grpo'")
+        if self.lambda_grpo:
+            if self.advantage_estimator != "grpo" or self.loss_type == "gmpo" or self.num_generations < 2:
+                raise ValueError("lambda_grpo needs advantage_estimator='grpo', a token-level loss_type (not 'gmpo') "
+                                 "and num_generations >= 2")
+            for name in ("lambda_init", "lambda_learning_rate", "lambda_r"):
+                if not np.isfinite(getattr(self, name)):
+                    raise ValueError(f"{name} must be finite, got {getattr(self, name)}")
+            if self.lambda_learning_rate < 0 or not self.lambda_r > 0:
+                raise ValueError(f"lambda_learning_rate must be >= 0 (0: a fixed lambda) and lambda_r positive, got "
+                                 f"{self.lambda_learning_rate} and {self.lambda_r}")
         if self.dynamic_sampling and self.num_generations < 2:
             raise ValueError("dynamic_sampling needs num_generations >= 2 (a group of one always has equal rewards)")
 
@@ -211,6 +228,11 @@ PRESETS: dict[str, dict] = {
     # GFPO: sample 16, keep the 8 shortest per prompt, advantages over the kept ones, DAPO's token-level loss.
     "gfpo": dict(advantage_estimator="grpo", scale_rewards="group", loss_type="dapo", beta=0.0, num_generations=16,
                  gfpo_k=8, gfpo_metric="length"),
+    # λ-GRPO: DAPO's token-level loss with learnable length-based response weights. The paper does not give (in
+    # what we could read) λ's start, its learning rate, r or the clip; our assumptions: λ starts at 0 (DAPO), AdamW
+    # with lr 1e-2 on λ alone (no weight decay, no gradient clipping), r = 0.3 fixed, ε = 0.2, no KL.
+    "lambda_grpo": dict(advantage_estimator="grpo", scale_rewards="group", loss_type="dapo", beta=0.0, epsilon=0.2,
+                        lambda_grpo=True, lambda_init=0.0, lambda_learning_rate=1e-2, lambda_r=0.3),
 }
 
 
@@ -244,6 +266,11 @@ class Trainer:
         self.value_model = value_model if config.advantage_estimator == "gae" else None
         params = list(policy.parameters()) + (list(self.value_model.parameters()) if self.value_model else [])
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+        self.lam = None  # λ-GRPO's learnable λ: its own parameter group, outside the gradient clipping
+        if config.lambda_grpo:
+            self.lam = torch.nn.Parameter(torch.tensor(config.lambda_init, device=self.device))
+            self.optimizer.add_param_group({"params": [self.lam], "lr": config.lambda_learning_rate,
+                                            "weight_decay": 0.0, "name": "lambda"})
         self.kl_coef = config.beta  # moves when kl_target is set (adaptive KL controller)
         self.value_pretrain_history: list[dict] = []
         self.step = 0
@@ -310,6 +337,7 @@ class Trainer:
             **rollout["metrics"],
             **update_metrics,
             **({"beta": beta_used} if config.beta > 0 else {}),
+            **({"lambda": float(self.lam.detach())} if self.lam is not None else {}),
             "time_generate": time_generate,
             "time_score": time_score,
             "time_update": time_update,
@@ -395,7 +423,8 @@ class Trainer:
         config = self.config
         mask = batch.completion_mask.float()
         input_ids, attention_mask = batch.input_ids, batch.attention_mask
-        out = {"input_ids": input_ids, "attention_mask": attention_mask, "mask": mask, "metrics": {}}
+        out = {"input_ids": input_ids, "attention_mask": attention_mask, "mask": mask, "metrics": {},
+               "lengths": mask.sum(-1)}
         # The task's rule decides what is correct, also when a reward model gives the reward (the gold metric).
         gold = rewards if self.reward_fn == self.task.rewards else self._rewards(examples, batch, self.task.rewards)
         out["correct"] = torch.as_tensor(gold == self.task.correct_reward, device=self.device)
@@ -485,7 +514,8 @@ class Trainer:
                     for key, value in metrics.items():
                         sums.setdefault(key, []).append(value)
                     step_kl += [metrics["approx_kl"]] if "approx_kl" in metrics else []
-                params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+                params = [p for group in self.optimizer.param_groups if group.get("name") != "lambda"
+                          for p in group["params"] if p.grad is not None]
                 if params:
                     grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
                     sums.setdefault("grad_norm", []).append(grad_norm.item())
@@ -518,12 +548,16 @@ class Trainer:
             if not value_only and bool(loss_mask.any()):  # else every completion here was filtered out
                 logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask, temperature=config.temperature)
                 kl_in_loss = self.kl_coef if config.advantage_estimator != "gae" else 0.0
+                weights = None
+                if self.lam is not None:  # λ-GRPO: weights of whole groups (all rows), then this micro-batch's
+                    weights = lambda_grpo_weights(rollout["lengths"], config.num_generations, self.lam,
+                                                  config.lambda_r)[rows]
                 loss, metrics = policy_loss(
                     logp, rollout["old_logp"][rows], rollout["advantages"][rows], loss_mask,
                     epsilon=config.epsilon, epsilon_high=config.epsilon_high, loss_type=config.loss_type,
                     max_completion_length=config.max_completion_length, num_items_in_batch=tokens_of_step,
                     beta=kl_in_loss, ref_logp=rollout["ref_logp"][rows] if kl_in_loss else None,
-                    importance_sampling_level=config.importance_sampling_level,
+                    importance_sampling_level=config.importance_sampling_level, response_weights=weights,
                 )
                 if config.loss_type != "dapo":  # dapo's denominator already counts the accumulated batch
                     loss = loss / accumulate
@@ -571,6 +605,7 @@ class Trainer:
             "step": self.step,
             "history": self.history,
             "kl_coef": self.kl_coef,
+            "lambda": self.lam.detach().clone() if self.lam is not None else None,
             "value_pretrain_history": self.value_pretrain_history,
             "config": dataclasses.asdict(self.config),
         }
@@ -586,6 +621,9 @@ class Trainer:
         self.policy.load_state_dict(state["policy"])
         if self.value_model is not None:
             self.value_model.load_state_dict(state["value_model"])
+        if self.lam is not None:
+            with torch.no_grad():
+                self.lam.copy_(state["lambda"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.history, self.kl_coef = state["step"], state["history"], state["kl_coef"]
         self.value_pretrain_history = state["value_pretrain_history"]
