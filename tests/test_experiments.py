@@ -392,3 +392,35 @@ def test_gspo_moe_stored_results_match_the_script():
     for arm in script.ARMS:
         assert len(stored["runs"][arm]) == len(stored["seeds"])
         assert all(len(run["reward"]) == script.STEPS for run in stored["runs"][arm])
+
+
+# ---------------------------------------------------------------- λ-GRPO: learnable λ against the fixed aggregations
+def test_lambda_grpo_compare_reduced_run():
+    script = load_script("lambda_grpo_compare")
+    result = script.run(seeds=(0,), max_steps=2, eval_every=2, eval_size=8, per_device_train_batch_size=16)
+    assert set(result["runs"]) == set(script.METHODS)
+    for name in script.METHODS:
+        (run,) = result["runs"][name]
+        assert run["eval_steps"] == [0, 2] and all(0.0 <= a <= 1.0 for a in run["eval_accuracy"])
+        assert len(run["metrics"]["completion_length"]) == 2
+        learned = name == "lambda_grpo"
+        assert all((x is not None) == learned for x in run["metrics"]["lambda"]), "lambda logged by lambda_grpo only"
+        assert run["config"]["loss_type"] == {"grpo": "grpo", "dr_grpo": "dr_grpo"}.get(name, "dapo")
+
+
+def test_lambda_grpo_stored_results_match_the_script():
+    """The stored results the chapter plots: >= 5 seeds per method, made with the script's current settings."""
+    import json
+
+    path = EXPERIMENTS / "results" / "lambda_grpo_compare.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} not stored yet")
+    script = load_script("lambda_grpo_compare")
+    stored = json.loads(path.read_text())
+    assert len(stored["seeds"]) >= 5 and stored["settings"] == script.SETTINGS
+    assert stored["methods"] == script.METHODS and stored["preset"] == script.PRESET
+    for name in script.METHODS:
+        assert len(stored["runs"][name]) == len(stored["seeds"])
+        for run in stored["runs"][name]:
+            assert len(run["metrics"]["accuracy"]) == script.SETTINGS["max_steps"]
+            assert all(math.isfinite(x) for x in run["metrics"]["lambda"]) if name == "lambda_grpo" else True

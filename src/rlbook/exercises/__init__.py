@@ -13,6 +13,7 @@ from rlbook.exercises.dapo import check_informative_groups, check_soft_overlong_
 from rlbook.exercises.dpo import check_dpo_loss
 from rlbook.exercises.gfpo import check_gfpo_advantages
 from rlbook.exercises.gspo import check_gspo_loss
+from rlbook.exercises.lambda_grpo import check_lambda_grpo_weights
 from rlbook.exercises.lm import (
     check_completion_mask_from_ids,
     check_entropy_at_temperature,
@@ -49,6 +50,7 @@ __all__ = [
     "check_gspo_loss",
     "check_informative_groups",
     "check_iterative_policy_evaluation",
+    "check_lambda_grpo_weights",
     "check_leave_one_out_advantages",
     "check_length_adaptive_lam",
     "check_mean_token_logprob",
