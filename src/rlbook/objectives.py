@@ -241,7 +241,8 @@ def lambda_grpo_softmax(
         h_i = max(1 + r · z_i, h_min)
         w_i = softmax_i(h_i^λ) = exp(h_i^λ) / Σ_j exp(h_j^λ)
 
-    Differentiable in ``lam`` and ``r`` (pass tensors that require grad). λ = 0 gives h^0 = 1 and uniform
+    ``r`` is the paper's name for the lift's slope (the book writes ξ, r being the reward there, and d_i for
+    z_i). Differentiable in ``lam`` and ``r`` (pass tensors that require grad). λ = 0 gives h^0 = 1 and uniform
     weights 1/G; with r > 0, λ > 0 puts more weight on the longer completions of a group and λ < 0 on the
     shorter ones. A group of equal lengths has z = 0 and uniform weights for every λ.
 
