@@ -46,15 +46,16 @@ RESULTS = Path(__file__).parent / "results" / "gspo_moe.json"
 TASK = "arithmetic"
 # The MoE policy: tiny Qwen3-MoE, the shipped recipe's SFT settings (stop at 45 % held-out accuracy).
 MOE = dict(size="tiny", arch="qwen3_moe", num_experts=4, num_experts_per_tok=2, model_seed=0)
-# Shared by every RL run: 8 prompts x G = 8 completions per step, split into 4 minibatches of 16.
-COMMON = dict(num_generations=8, per_device_train_batch_size=16, steps_per_generation=4, learning_rate=3e-4,
-              eval_every=10, eval_size=256)
+# Shared by every RL run: 16 prompts x G = 8 completions per step, split into 4 minibatches of 32 (GRPO's
+# learning rate of experiments/grpo_training.py).
+COMMON = dict(num_generations=8, per_device_train_batch_size=32, steps_per_generation=4, learning_rate=2e-4,
+              eval_every=25, eval_size=256)
 ARMS = {
     "dense_grpo": dict(policy="dense", preset="grpo", settings=dict(beta=0.0, epsilon=0.2, epsilon_high=0.27)),
     "moe_grpo": dict(policy="moe", preset="grpo", settings=dict(beta=0.0, epsilon=0.2, epsilon_high=0.27)),
     "moe_gspo": dict(policy="moe", preset="gspo", settings=dict()),
 }
-STEPS = 60
+STEPS = 100
 KEEP = ("reward", "accuracy", "clip_frac", "ratio_min", "ratio_max", "var_token", "var_sequence",
         "route_changed", "abs_logratio_route_changed", "abs_logratio_route_same")
 
@@ -132,7 +133,7 @@ def run(arms=tuple(ARMS), seeds=(0, 1, 2, 3, 4), steps: int = STEPS, moe_sft_ste
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
