@@ -142,7 +142,7 @@ def test_bad_model_arguments(kwargs, message):
 # ---------------------------------------------------------------- save / load
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3_moe"])
 def test_save_and_load_round_trip(tmp_path, tokenizer, arch):
     model = build_model("tiny", arch=arch, seed=3)
     save_policy(model, tokenizer, tmp_path / "policy")
