@@ -11,6 +11,7 @@ from rlbook.exercises._compare import assert_close
 from rlbook.exercises.drgrpo import check_token_weights
 from rlbook.exercises.dapo import check_informative_groups, check_soft_overlong_penalty
 from rlbook.exercises.dpo import check_dpo_loss
+from rlbook.exercises.family import check_family_changes
 from rlbook.exercises.gfpo import check_gfpo_advantages
 from rlbook.exercises.gspo import check_gspo_loss
 from rlbook.exercises.lambda_grpo import check_lambda_grpo_weights
@@ -41,6 +42,7 @@ __all__ = [
     "check_decoupled_gae",
     "check_discounted_pg_weights",
     "check_dpo_loss",
+    "check_family_changes",
     "check_double_q_learning_update",
     "check_entropy_at_temperature",
     "check_expected_sarsa_update",

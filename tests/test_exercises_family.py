@@ -1,0 +1,37 @@
+"""The family chapter's checker accepts one-slot answers and rejects wrong or too-broad ones."""
+
+import pytest
+
+from rlbook.exercises import check_family_changes
+
+RIGHT = {
+    "no_reference": {"beta": 0.0},
+    "sequence_ratio": {"importance_sampling_level": "sequence"},
+    "no_difficulty_bias": {"scale_rewards": "none"},
+    "token_mean": {"loss_type": "dapo"},
+}
+
+
+def test_accepts_the_answers(capsys):
+    check_family_changes(RIGHT)
+    check_family_changes({**RIGHT, "token_mean": {"loss_type": "bnpo"}})
+    assert capsys.readouterr().out.strip().splitlines() == ["ok", "ok"]
+
+
+@pytest.mark.parametrize("goal, overrides, message", [
+    ("no_reference", {"beta": 0.01}, "does not give"),
+    ("sequence_ratio", {"importance_sampling_level": "sequence", "epsilon": 3e-4}, "also changes"),
+    ("no_difficulty_bias", {"scale_rewards": "batch"}, "does not give"),
+    ("token_mean", {"loss_type": "dr_grpo"}, "does not give"),
+    ("token_mean", {"no_such_field": 1}, "fails"),
+])
+def test_rejects_wrong_answers(goal, overrides, message):
+    with pytest.raises(AssertionError, match=message):
+        check_family_changes({**RIGHT, goal: overrides})
+
+
+def test_rejects_missing_and_unknown_goals():
+    with pytest.raises(AssertionError, match="no answer"):
+        check_family_changes({"no_reference": {"beta": 0.0}})
+    with pytest.raises(AssertionError, match="unknown goal"):
+        check_family_changes({**RIGHT, "faster": {}})
