@@ -424,3 +424,31 @@ def test_lambda_grpo_stored_results_match_the_script():
         for run in stored["runs"][name]:
             assert len(run["metrics"]["accuracy"]) == script.SETTINGS["max_steps"]
             assert all(math.isfinite(x) for x in run["metrics"]["lambda"]) if name == "lambda_grpo" else True
+
+
+# ---------------------------------------------------------------- GMPO: geometric vs arithmetic mean, ratios moving
+def test_gmpo_stability_reduced_run():
+    script = load_script("gmpo_stability")
+    result = script.run(arms=("grpo", "gmpo_fast"), seeds=(0,), steps=2, eval_every=2, eval_size=8)
+    for arm in ("grpo", "gmpo_fast"):
+        (run,) = result["runs"][arm]
+        assert len(run["reward"]) == 2 and run["eval_steps"] == [0, 2]
+        assert all(0.0 <= a <= 1.0 for a in run["eval_accuracy"])
+        assert all(0 < lo <= 1 <= hi for lo, hi in zip(run["ratio_min"], run["ratio_max"]))
+        assert all(s <= t + 1e-6 for s, t in zip(run["max_abs_sequence"], run["max_abs_token"]))
+
+
+def test_gmpo_stability_stored_results_match_the_script():
+    """The stored runs have >= 5 seeds per arm, made with the script's current settings."""
+    import json
+
+    path = EXPERIMENTS / "results" / "gmpo_stability.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} not stored yet")
+    script = load_script("gmpo_stability")
+    stored = json.loads(path.read_text())
+    assert len(stored["seeds"]) >= 5 and stored["common"] == script.COMMON and stored["arms"] == script.ARMS
+    assert stored["steps"] == script.STEPS
+    for arm in script.ARMS:
+        assert len(stored["runs"][arm]) == len(stored["seeds"])
+        assert all(len(run["reward"]) == script.STEPS for run in stored["runs"][arm])

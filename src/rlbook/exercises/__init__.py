@@ -13,6 +13,7 @@ from rlbook.exercises.dapo import check_informative_groups, check_soft_overlong_
 from rlbook.exercises.dpo import check_dpo_loss
 from rlbook.exercises.family import check_family_changes
 from rlbook.exercises.gfpo import check_gfpo_advantages
+from rlbook.exercises.gmpo import check_gmpo_loss
 from rlbook.exercises.gspo import check_gspo_loss
 from rlbook.exercises.lambda_grpo import check_lambda_grpo_weights
 from rlbook.exercises.lm import (
@@ -48,6 +49,7 @@ __all__ = [
     "check_expected_sarsa_update",
     "check_gae_loop",
     "check_gfpo_advantages",
+    "check_gmpo_loss",
     "check_grpo_advantages",
     "check_gspo_loss",
     "check_informative_groups",
