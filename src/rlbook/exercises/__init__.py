@@ -12,6 +12,7 @@ from rlbook.exercises.drgrpo import check_token_weights
 from rlbook.exercises.dapo import check_informative_groups, check_soft_overlong_penalty
 from rlbook.exercises.dpo import check_dpo_loss
 from rlbook.exercises.family import check_family_changes
+from rlbook.exercises.gapo import check_gan_pairs
 from rlbook.exercises.gfpo import check_gfpo_advantages
 from rlbook.exercises.gmpo import check_gmpo_loss
 from rlbook.exercises.gspo import check_gspo_loss
@@ -48,6 +49,7 @@ __all__ = [
     "check_entropy_at_temperature",
     "check_expected_sarsa_update",
     "check_gae_loop",
+    "check_gan_pairs",
     "check_gfpo_advantages",
     "check_gmpo_loss",
     "check_grpo_advantages",
