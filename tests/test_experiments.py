@@ -452,3 +452,32 @@ def test_gmpo_stability_stored_results_match_the_script():
     for arm in script.ARMS:
         assert len(stored["runs"][arm]) == len(stored["seeds"])
         assert all(len(run["reward"]) == script.STEPS for run in stored["runs"][arm])
+
+
+# ---------------------------------------------------------------- GAPO: adversarial encoder vs frozen encoder vs DPO
+def test_gapo_compare_reduced_run():
+    script = load_script("gapo_compare")
+    result = script.run(seeds=(0,), rounds=1, gen_steps=1, enc_steps=1, warmup_steps=2)
+    assert result["updates"] == [0, 1]
+    for name in ("gapo", "ppo_frozen", "dpo"):
+        (run,) = result["runs"][name]
+        assert len(run["gold"]) == 2 and all(0.0 <= g <= 1.0 for g in run["gold"])
+    assert result["runs"]["gapo"][0]["gold"][0] == pytest.approx(result["runs"]["dpo"][0]["gold"][0])  # same start
+    frozen = result["runs"]["ppo_frozen"][0]["pair_accuracy"]
+    assert frozen[0] == pytest.approx(frozen[1])  # the frozen encoder does not move
+
+
+def test_gapo_compare_stored_results_match_the_script():
+    """The stored runs have >= 5 seeds per method, made with the script's current settings."""
+    import json
+
+    path = EXPERIMENTS / "results" / "gapo_compare.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} not stored yet")
+    script = load_script("gapo_compare")
+    stored = json.loads(path.read_text())
+    assert len(stored["seeds"]) >= 5 and stored["settings"] == script.GAPO and stored["dpo"] == script.DPO
+    assert (stored["rounds"], stored["generator_steps"], stored["encoder_steps"]) == (
+        script.ROUNDS, script.GEN_STEPS, script.ENC_STEPS)
+    for runs in stored["runs"].values():
+        assert len(runs) == len(stored["seeds"]) and all(len(r["gold"]) == script.ROUNDS + 1 for r in runs)
