@@ -5,6 +5,8 @@ On the constraint_string task, from its shipped base policy, for each seed:
 - ``gapo``: warm up a small BERT-style encoder on (satisfying, violating) pairs, then :data:`ROUNDS` rounds of
   :data:`GEN_STEPS` PPO steps of the generator against it, each followed by :data:`ENC_STEPS` encoder steps on
   half existing pairs, half fresh (reference vs generator sample) pairs (:func:`rlbook.gapo.train_gapo`);
+- ``gapo_more_encoder``: GAPO with :data:`ENC_STEPS_MORE` encoder steps per round (does a faster-learning judge
+  help?);
 - ``ppo_frozen``: the same, with the encoder frozen after the warm-up (``encoder_steps=0``);
 - ``dpo``: :func:`rlbook.dpo.train_dpo` on the same training pairs, as many updates as the generator gets
   (ROUNDS x GEN_STEPS) with the same batch size.
@@ -35,6 +37,7 @@ RESULTS = Path(__file__).parent / "results" / "gapo_compare.json"
 TASK = "constraint_string"
 SEEDS = (0, 1, 2, 3, 4)
 ROUNDS, GEN_STEPS, ENC_STEPS = 6, 5, 5
+ENC_STEPS_MORE = 25
 BATCH = 64  # samples per PPO step = pairs per DPO step
 GAPO = dict(warmup_steps=200, num_train_pairs=1000, num_test_pairs=256, encoder_batch_size=BATCH,
             rl=dict(learning_rate=3e-4, num_generations=4, per_device_train_batch_size=BATCH,
@@ -60,12 +63,13 @@ def run_dpo(seed: int, rounds: int, gen_steps: int, settings: dict) -> list[floa
     return curve
 
 
-def run(seeds=SEEDS, rounds=ROUNDS, gen_steps=GEN_STEPS, enc_steps=ENC_STEPS, warmup_steps=None) -> dict:
+def run(seeds=SEEDS, rounds=ROUNDS, gen_steps=GEN_STEPS, enc_steps=ENC_STEPS, enc_steps_more=ENC_STEPS_MORE,
+        warmup_steps=None) -> dict:
     torch.set_num_threads(1)
     settings = {**GAPO, **({"warmup_steps": warmup_steps} if warmup_steps is not None else {})}
-    runs = {"gapo": [], "ppo_frozen": [], "dpo": []}
+    runs = {"gapo": [], "gapo_more_encoder": [], "ppo_frozen": [], "dpo": []}
     for seed in seeds:
-        for name, steps in (("gapo", enc_steps), ("ppo_frozen", 0)):
+        for name, steps in (("gapo", enc_steps), ("gapo_more_encoder", enc_steps_more), ("ppo_frozen", 0)):
             policy, tokenizer = load_base_policy(TASK)
             config = GAPOConfig(rounds=rounds, generator_steps=gen_steps, encoder_steps=steps, seed=seed, **settings)
             out = train_gapo(policy, tokenizer, RECIPES[TASK].make_task(), config)
@@ -74,7 +78,7 @@ def run(seeds=SEEDS, rounds=ROUNDS, gen_steps=GEN_STEPS, enc_steps=ENC_STEPS, wa
                               | {"warmup_accuracy": out["warmup_accuracy"]})
         runs["dpo"].append({"gold": run_dpo(seed, rounds, gen_steps, settings)})
     return {"task": TASK, "seeds": list(seeds), "rounds": rounds, "generator_steps": gen_steps,
-            "encoder_steps": enc_steps, "batch": BATCH, "settings": settings, "dpo": DPO,
+            "encoder_steps": enc_steps, "encoder_steps_more": enc_steps_more, "batch": BATCH, "settings": settings, "dpo": DPO,
             "updates": [r * gen_steps for r in range(rounds + 1)], "runs": runs}
 
 

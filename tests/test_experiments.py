@@ -457,9 +457,9 @@ def test_gmpo_stability_stored_results_match_the_script():
 # ---------------------------------------------------------------- GAPO: adversarial encoder vs frozen encoder vs DPO
 def test_gapo_compare_reduced_run():
     script = load_script("gapo_compare")
-    result = script.run(seeds=(0,), rounds=1, gen_steps=1, enc_steps=1, warmup_steps=2)
+    result = script.run(seeds=(0,), rounds=1, gen_steps=1, enc_steps=1, enc_steps_more=2, warmup_steps=2)
     assert result["updates"] == [0, 1]
-    for name in ("gapo", "ppo_frozen", "dpo"):
+    for name in ("gapo", "gapo_more_encoder", "ppo_frozen", "dpo"):
         (run,) = result["runs"][name]
         assert len(run["gold"]) == 2 and all(0.0 <= g <= 1.0 for g in run["gold"])
     assert result["runs"]["gapo"][0]["gold"][0] == pytest.approx(result["runs"]["dpo"][0]["gold"][0])  # same start
@@ -477,7 +477,7 @@ def test_gapo_compare_stored_results_match_the_script():
     script = load_script("gapo_compare")
     stored = json.loads(path.read_text())
     assert len(stored["seeds"]) >= 5 and stored["settings"] == script.GAPO and stored["dpo"] == script.DPO
-    assert (stored["rounds"], stored["generator_steps"], stored["encoder_steps"]) == (
-        script.ROUNDS, script.GEN_STEPS, script.ENC_STEPS)
+    assert (stored["rounds"], stored["generator_steps"], stored["encoder_steps"], stored["encoder_steps_more"]) == (
+        script.ROUNDS, script.GEN_STEPS, script.ENC_STEPS, script.ENC_STEPS_MORE)
     for runs in stored["runs"].values():
         assert len(runs) == len(stored["seeds"]) and all(len(r["gold"]) == script.ROUNDS + 1 for r in runs)
