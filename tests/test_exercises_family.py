@@ -35,3 +35,11 @@ def test_rejects_missing_and_unknown_goals():
         check_family_changes({"no_reference": {"beta": 0.0}})
     with pytest.raises(AssertionError, match="unknown goal"):
         check_family_changes({**RIGHT, "faster": {}})
+
+
+def test_check_family_changes_takes_a_function_and_lets_a_stub_through():
+    check_family_changes(RIGHT.__getitem__)
+    def stub(goal):
+        raise NotImplementedError("your solution")
+    with pytest.raises(NotImplementedError):
+        check_family_changes(stub)

@@ -13,6 +13,9 @@ and that only the goal's slot changed. The goals:
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Callable
+
+from rlbook.exercises._compare import call_reader
 
 START = "grpo"
 
@@ -28,10 +31,14 @@ GOALS = {
 }
 
 
-def check_family_changes(answers: dict) -> None:
-    """Check the reader's overrides of the ``"grpo"`` preset for every goal in :data:`GOALS`; prints ``ok``."""
+def check_family_changes(answers: dict | Callable[[str], dict]) -> None:
+    """Check the reader's overrides of the ``"grpo"`` preset for every goal in :data:`GOALS`; prints ``ok``.
+
+    ``answers`` is a dict from goal to overrides, or a function ``overrides_for(goal) -> dict``."""
     from rlbook.trainer import preset
 
+    if callable(answers):
+        answers = {goal: call_reader(answers, (goal,), f"  the goal was {goal!r}") for goal in GOALS}
     if not isinstance(answers, dict):
         raise AssertionError(f"answers must be a dict from goal to overrides, got {type(answers).__name__}")
     missing = sorted(set(GOALS) - set(answers))
