@@ -64,6 +64,22 @@ BUGS = [
         "lr: float = 3.06e-3",
         ("tests/test_sft.py",),
     ),
+    PlantedBug(
+        "gspo_sum_not_mean",
+        "GSPO's sequence ratio from the sum of token log-ratios instead of their mean (no 1/|o_i|)",
+        "src/rlbook/objectives.py",
+        "        log_ratio = (masked_sum(log_ratio, mask, dim=-1) / lengths)[:, None].expand_as(logp)",
+        "        log_ratio = masked_sum(log_ratio, mask, dim=-1)[:, None].expand_as(logp)",
+        ("tests/test_objectives.py", "-k", "sequence or gspo"),
+    ),
+    PlantedBug(
+        "gfpo_mean_over_all",
+        "GFPO's baseline is the mean of the whole group instead of the kept completions' mean",
+        "src/rlbook/objectives.py",
+        "    mean = (groups * kept).sum(-1, keepdim=True) / count.clamp(min=1)",
+        "    mean = groups.mean(-1, keepdim=True)",
+        ("tests/test_objectives.py", "-k", "gfpo or keep"),
+    ),
 ]
 
 
