@@ -20,10 +20,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
 import torch
 
-from rlbook.exercises._compare import as_tensor, assert_close, call_reader
+from rlbook.exercises._ratio_loss import check_ratio_loss
 from rlbook.objectives import policy_loss
 
 _SEED = 20250727
@@ -71,66 +70,11 @@ _HINTS = {
 }
 
 
-def _value_and_grad(fn, args: tuple, shown: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The loss ``fn(*args)`` and its gradient in ``args[0]`` (logp); ``AssertionError`` if ``fn`` changed any
-    tensor argument in place or returned no differentiable scalar."""
-    logp = args[0].clone().requires_grad_(True)
-    copies = [t.clone() for t in args[1:4]]
-    before = [t.clone() for t in (logp.detach(),) + tuple(copies)]
-    got = call_reader(fn, (logp, *copies) + args[4:], shown)
-    for name, original, now in zip(("logp", "old_logp", "advantages", "mask"), before, (logp.detach(), *copies)):
-        if not torch.allclose(original, now, rtol=0, atol=0, equal_nan=True):
-            raise AssertionError(f"your function changed {name} in place; work on a copy\n{shown}")
-    got = got if isinstance(got, torch.Tensor) else as_tensor(got, "a scalar tensor", shown)
-    if got.numel() != 1:
-        raise AssertionError(f"your function returned shape {tuple(got.shape)}; it must return a scalar\n{shown}")
-    if not got.requires_grad:
-        raise AssertionError(f"your loss does not depend on logp differentiably (no gradient flows)\n{shown}")
-    (grad,) = torch.autograd.grad(got.reshape(()), logp, allow_unused=True)
-    grad = torch.zeros_like(logp) if grad is None else grad
-    return got.detach().reshape(()), grad.detach()
-
-
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and bool(torch.allclose(a, b, rtol=1e-4, atol=1e-6))
-
-
 # ---------------------------------------------------------------------------------------------- checker
 def check_gmpo_loss(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(logp, old_logp, advantages, mask, epsilon, epsilon_high)`` with GMPO's loss and its gradient
     in ``logp``, on random batches: one-token and long completions, log-ratios inside and far outside the clip
     range, GMPO's symmetric 0.4 and an asymmetric range, positive and negative advantages, garbage on the padding."""
-    rng = np.random.default_rng(seed)
-    for trial in range(num_trials):
-        B, T = int(rng.integers(1, 6)), int(rng.integers(1, 9))
-        lengths = rng.integers(1, T + 1, size=B)
-        mask = torch.as_tensor(np.arange(T)[None, :] < lengths[:, None], dtype=torch.float32)
-        old_logp = torch.as_tensor(-rng.exponential(1.0, size=(B, T)), dtype=torch.float32)
-        spread = (0.05, 0.5, 1.5)[trial % 3]  # log-ratios inside, around and far outside the clip range
-        logp = old_logp + torch.as_tensor(rng.normal(0.0, spread, size=(B, T)), dtype=torch.float32)
-        padding = torch.as_tensor(rng.normal(0.0, 50.0, size=(B, T)), dtype=torch.float32)
-        logp, old_logp = torch.where(mask.bool(), logp, padding), torch.where(mask.bool(), old_logp, -padding)
-        advantages = torch.as_tensor(rng.normal(size=B), dtype=torch.float32)
-        epsilon, epsilon_high = ((0.4, 0.4), (0.2, 0.3), (0.4, 0.4))[trial % 3]
-        args = (logp, old_logp, advantages, mask, epsilon, epsilon_high)
-        shown = (f"  inputs of trial {trial} (seed {seed}): epsilon={epsilon}, epsilon_high={epsilon_high},\n"
-                 f"  lengths |o_i| = {lengths.tolist()}, advantages = {np.round(advantages.numpy(), 4).tolist()},\n"
-                 f"  logp - old_logp on the completion tokens = "
-                 f"{[np.round((logp - old_logp)[i, :n].numpy(), 5).tolist() for i, n in enumerate(lengths)]}")
-        value, grad = _value_and_grad(fn, args, shown)
-        ref_value, ref_grad = _value_and_grad(reference_gmpo_loss, args, shown)
-        masked = mask.bool()
-        hint = ""
-        if not (_close(value, ref_value) and _close(grad[masked], ref_grad[masked])):
-            for name in _HINTS:
-                v_value, v_grad = _value_and_grad(lambda *a, name=name: _variant(name, *a), args, shown)
-                if _close(value, v_value) and _close(grad[masked], v_grad[masked]):
-                    hint = _HINTS[name]
-                    break
-        assert_close(value, ref_value, "GMPO loss", atol=1e-6, rtol=1e-4, hint=hint, inputs=shown)
-        assert_close(grad[masked], ref_grad[masked], "gradient of the GMPO loss in logp (completion tokens)",
-                     atol=1e-6, rtol=1e-4,
-                     hint=hint or " (the value agrees: check what the gradient flows through)", inputs=shown)
-        if not bool((grad[~masked] == 0).all()):
-            raise AssertionError(f"your loss has a gradient on padding positions; mask them out\n{shown}")
-    print("ok")
+    check_ratio_loss(fn, reference_gmpo_loss, _variant, _HINTS, "GMPO",
+                     spreads=(0.05, 0.5, 1.5), clip_ranges=((0.4, 0.4), (0.2, 0.3), (0.4, 0.4)),
+                     num_trials=num_trials, seed=seed)
