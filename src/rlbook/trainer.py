@@ -541,6 +541,8 @@ class Trainer:
 
     def _micro_batch_backward(self, rollout, rows, tokens_of_step, accumulate, value_only=False) -> dict:
         config = self.config
+        if self.value_model is None:  # rows without a loss token (GFPO's filtered-out, DAPO's overlong) add nothing
+            rows = rows[rollout["loss_mask"][rows].any(-1)]
         mask, loss_mask = rollout["mask"][rows], rollout["loss_mask"][rows]
         input_ids, attention_mask = rollout["input_ids"][rows], rollout["attention_mask"][rows]
         metrics, loss = {}, torch.zeros((), device=self.device)
