@@ -20,6 +20,16 @@ def load_script(name):
     return module
 
 
+def load_stored(name):
+    """The stored results of ``experiments/<name>.py`` (skips the test while they are not stored yet)."""
+    import json
+
+    path = EXPERIMENTS / "results" / f"{name}.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} not stored yet")
+    return json.loads(path.read_text())
+
+
 # ---------------------------------------------------------------- chapter 4: the policy-gradient theorem
 def test_pg_gradient_variance_reduced_run():
     script = load_script("pg_gradient_variance")
@@ -51,12 +61,7 @@ def test_pg_training_reduced_run():
 def test_pg_stored_results_match_the_scripts():
     """The stored results the chapter plots were made by the current scripts' settings, >= 5 seeds."""
     for name in ("pg_gradient_variance", "pg_training"):
-        path = EXPERIMENTS / "results" / f"{name}.json"
-        if not path.exists():
-            pytest.skip(f"{path.name} not stored yet")
-        import json
-
-        stored = json.loads(path.read_text())
+        stored = load_stored(name)
         assert len(stored["seeds"]) >= 5, name
 
 
@@ -79,13 +84,8 @@ def test_ppo_compare_reduced_run():
 def test_preset_comparison_stored_results_match_the_script(name):
     """The stored comparison (chapter 5's, the GRPO chapter's) has >= 5 seeds per algorithm, made with the
     script's current settings."""
-    import json
-
-    path = EXPERIMENTS / "results" / f"{name}.json"
-    if not path.exists():
-        pytest.skip(f"{path.name} not stored yet")
     script = load_script(name)
-    stored = json.loads(path.read_text())
+    stored = load_stored(name)
     for algorithm, spec in script.ALGORITHMS.items():
         runs = [r for r in stored["runs"] if r["algorithm"] == algorithm]
         assert len({r["seed"] for r in runs}) >= 5, algorithm
@@ -114,13 +114,8 @@ def test_dapo_ablations_reduced_run():
 
 def test_dapo_stored_results_match_the_script():
     """The stored ablations have >= 5 seeds per arm, made with the script's current settings."""
-    import json
-
-    path = EXPERIMENTS / "results" / "dapo_ablations.json"
-    if not path.exists():
-        pytest.skip(f"{path.name} not stored yet")
     script = load_script("dapo_ablations")
-    stored = json.loads(path.read_text())
+    stored = load_stored("dapo_ablations")
     assert len(stored["seeds"]) >= 5 and stored["common"] == script.COMMON
     for name, spec in script.ABLATIONS.items():
         ablation = stored["ablations"][name]
@@ -157,13 +152,8 @@ def test_drgrpo_length_reduced_run():
 
 def test_drgrpo_stored_results_match_the_script():
     """The stored results the chapter plots: >= 5 seeds per preset, made with the script's current settings."""
-    import json
-
-    path = EXPERIMENTS / "results" / "drgrpo_length.json"
-    if not path.exists():
-        pytest.skip(f"{path.name} not stored yet")
     script = load_script("drgrpo_length")
-    stored = json.loads(path.read_text())
+    stored = load_stored("drgrpo_length")
     assert len(stored["seeds"]) >= 5 and stored["settings"] == script.SETTINGS
     for name in script.PRESETS:
         assert len(stored["runs"][name]) == len(stored["seeds"])
@@ -228,13 +218,8 @@ def test_vapo_coupled_critic_uses_the_policy_lambda():
 
 def test_vapo_stored_results_match_the_script():
     """The stored comparison has >= 5 seeds per arm, made with the script's current settings."""
-    import json
-
-    path = EXPERIMENTS / "results" / "vapo_compare.json"
-    if not path.exists():
-        pytest.skip(f"{path.name} not stored yet")
     script = load_script("vapo_compare")
-    stored = json.loads(path.read_text())
+    stored = load_stored("vapo_compare")
     assert len(stored["seeds"]) >= 5 and stored["common"] == script.COMMON and stored["arms"] == script.ARMS
     assert stored["task"] == script.TASK and stored["pretrain_steps"] == script.PRETRAIN_STEPS
     for arm in script.ARMS:
@@ -283,13 +268,8 @@ def test_rlhf_value_model_starts_at_the_normalised_score():
 
 
 def test_rlhf_stored_results_match_the_script():
-    import json
-
-    path = EXPERIMENTS / "results" / "rlhf_overopt.json"
-    if not path.exists():
-        pytest.skip(f"{path.name} not stored yet")
     script = load_script("rlhf_overopt")
-    stored = json.loads(path.read_text())
+    stored = load_stored("rlhf_overopt")
     assert stored["rl"] == script.RL and stored["reward_model"] == script.REWARD_MODEL
     assert stored["betas"] == list(script.BETAS) and stored["steps"] == script.STEPS
     assert stored["control_beta"] == script.CONTROL_BETA
@@ -349,13 +329,8 @@ def test_gfpo_length_reduced_run():
 
 def test_gfpo_stored_results_match_the_script():
     """The stored results the chapter plots: >= 5 seeds per method, made with the script's current settings."""
-    import json
-
-    path = EXPERIMENTS / "results" / "gfpo_length.json"
-    if not path.exists():
-        pytest.skip(f"{path.name} not stored yet")
     script = load_script("gfpo_length")
-    stored = json.loads(path.read_text())
+    stored = load_stored("gfpo_length")
     assert len(stored["seeds"]) >= 5 and stored["settings"] == script.SETTINGS
     assert stored["methods"] == {name: spec for name, (_, spec) in script.METHODS.items()}
     for name in script.METHODS:
@@ -380,13 +355,8 @@ def test_gspo_moe_reduced_run():
 
 def test_gspo_moe_stored_results_match_the_script():
     """The stored runs have >= 5 seeds per arm, made with the script's current settings."""
-    import json
-
-    path = EXPERIMENTS / "results" / "gspo_moe.json"
-    if not path.exists():
-        pytest.skip(f"{path.name} not stored yet")
     script = load_script("gspo_moe")
-    stored = json.loads(path.read_text())
+    stored = load_stored("gspo_moe")
     assert len(stored["seeds"]) >= 5 and stored["common"] == script.COMMON and stored["arms"] == script.ARMS
     assert stored["moe"] == script.MOE and stored["steps"] == script.STEPS
     for arm in script.ARMS:
@@ -410,13 +380,8 @@ def test_lambda_grpo_compare_reduced_run():
 
 def test_lambda_grpo_stored_results_match_the_script():
     """The stored results the chapter plots: >= 5 seeds per method, made with the script's current settings."""
-    import json
-
-    path = EXPERIMENTS / "results" / "lambda_grpo_compare.json"
-    if not path.exists():
-        pytest.skip(f"{path.name} not stored yet")
     script = load_script("lambda_grpo_compare")
-    stored = json.loads(path.read_text())
+    stored = load_stored("lambda_grpo_compare")
     assert len(stored["seeds"]) >= 5 and stored["settings"] == script.SETTINGS
     assert stored["methods"] == script.METHODS and stored["preset"] == script.PRESET
     for name in script.METHODS:
@@ -440,13 +405,8 @@ def test_gmpo_stability_reduced_run():
 
 def test_gmpo_stability_stored_results_match_the_script():
     """The stored runs have >= 5 seeds per arm, made with the script's current settings."""
-    import json
-
-    path = EXPERIMENTS / "results" / "gmpo_stability.json"
-    if not path.exists():
-        pytest.skip(f"{path.name} not stored yet")
     script = load_script("gmpo_stability")
-    stored = json.loads(path.read_text())
+    stored = load_stored("gmpo_stability")
     assert len(stored["seeds"]) >= 5 and stored["common"] == script.COMMON and stored["arms"] == script.ARMS
     assert stored["steps"] == script.STEPS
     for arm in script.ARMS:
@@ -469,13 +429,8 @@ def test_gapo_compare_reduced_run():
 
 def test_gapo_compare_stored_results_match_the_script():
     """The stored runs have >= 5 seeds per method, made with the script's current settings."""
-    import json
-
-    path = EXPERIMENTS / "results" / "gapo_compare.json"
-    if not path.exists():
-        pytest.skip(f"{path.name} not stored yet")
     script = load_script("gapo_compare")
-    stored = json.loads(path.read_text())
+    stored = load_stored("gapo_compare")
     assert len(stored["seeds"]) >= 5 and stored["settings"] == script.GAPO and stored["dpo"] == script.DPO
     assert (stored["rounds"], stored["generator_steps"], stored["encoder_steps"], stored["encoder_steps_more"]) == (
         script.ROUNDS, script.GEN_STEPS, script.ENC_STEPS, script.ENC_STEPS_MORE)
