@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from rlbook.checkpoints import RECIPES, load_base_policy, load_manifest
 from rlbook.objectives import masked_mean
+from rlbook.paths import write_results
 from rlbook.trainer import Trainer, preset
 
 RESULTS = Path(__file__).parent / "results" / "dapo_ablations.json"
@@ -91,12 +89,7 @@ def main():
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    start = time.perf_counter()
-    result = run(tuple(args.ablations), seeds=tuple(range(args.seeds)))
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out} in {result['seconds']} s")
+    write_results(args.out, lambda: run(tuple(args.ablations), seeds=tuple(range(args.seeds))))
 
 
 if __name__ == "__main__":

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from rlbook.checkpoints import RECIPES, load_base_policy, load_manifest
+from rlbook.paths import write_results
 from rlbook.trainer import Trainer, preset
 
 PRESETS = ("grpo", "dr_grpo")
@@ -89,13 +88,9 @@ def main():
     parser.add_argument("--presets", nargs="+", default=list(PRESETS))
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    start = time.perf_counter()
     seeds = tuple(range(args.first_seed, args.first_seed + args.seeds))
-    result = run(presets=tuple(args.presets), seeds=seeds, max_steps=args.steps, learning_rate=args.lr)
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out} in {result['seconds']} s")
+    write_results(args.out, lambda: run(presets=tuple(args.presets), seeds=seeds, max_steps=args.steps,
+                                        learning_rate=args.lr))
 
 
 if __name__ == "__main__":

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +30,7 @@ import torch
 
 from rlbook.checkpoints import RECIPES, load_base_policy, load_manifest
 from rlbook.lm import autocast
+from rlbook.paths import write_results
 from rlbook.rollout import generate_rollouts
 from rlbook.trainer import Trainer, preset
 
@@ -113,13 +112,8 @@ def main():
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    start = time.perf_counter()
     seeds = tuple(range(args.first_seed, args.first_seed + args.seeds))
-    result = run(methods=tuple(args.methods), seeds=seeds, max_steps=args.steps)
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out} in {result['seconds']} s")
+    write_results(args.out, lambda: run(methods=tuple(args.methods), seeds=seeds, max_steps=args.steps))
 
 
 if __name__ == "__main__":

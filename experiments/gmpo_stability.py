@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
-import time
 from pathlib import Path
 
 import torch
 
 from rlbook.checkpoints import RECIPES, load_base_policy, load_manifest
+from rlbook.paths import write_results
 from rlbook.rollout import sequence_logprobs
 from rlbook.trainer import Trainer, preset
 
@@ -97,12 +96,7 @@ def main():
     parser.add_argument("--arms", nargs="+", default=list(ARMS))
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    start = time.perf_counter()
-    result = run(arms=tuple(args.arms), seeds=tuple(range(args.seeds)), steps=args.steps)
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out} in {result['seconds']} s")
+    write_results(args.out, lambda: run(arms=tuple(args.arms), seeds=tuple(range(args.seeds)), steps=args.steps))
 
 
 if __name__ == "__main__":

@@ -27,17 +27,16 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from rlbook.checkpoints import RECIPES, load_base_policy, load_manifest
 from rlbook.lm import build_model, build_tokenizer, count_parameters
 from rlbook.lm.moe import expert_choices, is_moe, routing_changed
 from rlbook.objectives import masked_mean
+from rlbook.paths import write_results
 from rlbook.rollout import sequence_logprobs
 from rlbook.sft import train_sft
 from rlbook.trainer import Trainer, preset
@@ -137,12 +136,7 @@ def main():
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    start = time.perf_counter()
-    result = run(seeds=tuple(range(args.seeds)), steps=args.steps)
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out} in {result['seconds']} s")
+    write_results(args.out, lambda: run(seeds=tuple(range(args.seeds)), steps=args.steps))
 
 
 if __name__ == "__main__":

@@ -19,13 +19,12 @@ every ``eval_every`` steps.
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 
 import torch
 
 from rlbook.checkpoints import load_manifest
+from rlbook.paths import write_results
 from rlbook.trainer import run_from_base_policy
 
 POLICY = "sort_scratchpad"
@@ -73,13 +72,8 @@ def main():
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    start = time.perf_counter()
     extra = {} if args.steps == SETTINGS["max_steps"] else {"max_steps": args.steps}
-    result = run(methods=tuple(args.methods), seeds=tuple(range(args.seeds)), **extra)
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out} in {result['seconds']} s")
+    write_results(args.out, lambda: run(methods=tuple(args.methods), seeds=tuple(range(args.seeds)), **extra))
 
 
 if __name__ == "__main__":

@@ -18,8 +18,6 @@ for group sizes G at a fixed budget of completions per batch, and for several se
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +25,7 @@ import torch
 
 from rlbook.checkpoints import RECIPES, load_base_policy, load_manifest
 from rlbook.objectives import group_advantages, leave_one_out_advantages, policy_loss
+from rlbook.paths import write_results
 from rlbook.rollout import generate_rollouts, sequence_logprobs
 
 ESTIMATORS = ("reinforce", "group_mean", "rloo")
@@ -108,12 +107,7 @@ def main():
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    start = time.perf_counter()
-    result = run(seeds=tuple(range(args.seeds)), num_batches=args.num_batches)
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out} in {result['seconds']} s")
+    write_results(args.out, lambda: run(seeds=tuple(range(args.seeds)), num_batches=args.num_batches))
 
 
 if __name__ == "__main__":

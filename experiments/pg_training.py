@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import time
 from pathlib import Path
 
 import torch
 
 from rlbook.checkpoints import RECIPES, load_base_policy, load_manifest
+from rlbook.paths import write_results
 from rlbook.trainer import Trainer, preset
 
 PRESETS = ("reinforce", "reinforce_baseline", "rloo")
@@ -58,12 +57,7 @@ def main():
     parser.add_argument("--lr", type=float, default=SETTINGS["learning_rate"])
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    start = time.perf_counter()
-    result = run(seeds=tuple(range(args.seeds)), max_steps=args.steps, learning_rate=args.lr)
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out} in {result['seconds']} s")
+    write_results(args.out, lambda: run(seeds=tuple(range(args.seeds)), max_steps=args.steps, learning_rate=args.lr))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ import torch
 
 from rlbook.checkpoints import RECIPES, load_base_policy, load_manifest
 from rlbook.lm.value import build_value_model
+from rlbook.paths import write_results
 from rlbook.reward_model import RewardModelConfig, RewardModelScorer, build_reward_model, train_reward_model
 from rlbook.rollout import generate_rollouts
 from rlbook.tasks.preferences import build_preference_pairs
@@ -124,12 +124,8 @@ def main():
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    start = time.perf_counter()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    result = run(seeds=tuple(range(args.seeds)), out_path=args.out)
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out} in {result['seconds']} s")
+    args.out.parent.mkdir(parents=True, exist_ok=True)  # run() writes partial results there as it goes
+    write_results(args.out, lambda: run(seeds=tuple(range(args.seeds)), out_path=args.out))
 
 
 if __name__ == "__main__":
