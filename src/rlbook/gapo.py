@@ -4,8 +4,8 @@ Generative Adversarial Policy Optimization (Gu et al., 2025) makes the reward mo
 
 1. **Warm-up.** A small *bidirectional* encoder (BERT- or ModernBERT-style, built here from a local
    ``transformers`` config, no download) is fitted with the Bradley–Terry loss
-   (:func:`rlbook.reward_model.bradley_terry_loss`) on preference pairs: a constraint-satisfying response against a
-   violating one (:func:`rlbook.tasks.preferences.build_preference_pairs`).
+   (:func:`rlbook.reward_model.train_reward_model` with :func:`encoder_scores`) on preference pairs: a
+   constraint-satisfying response against a violating one (:func:`rlbook.tasks.preferences.build_preference_pairs`).
 2. **Adversarial phase.** Rounds alternate ``generator_steps`` PPO steps of the policy
    (:class:`rlbook.trainer.Trainer`, preset ``"ppo"``, the encoder as ``reward_fn``, an ordinary value model as the
    critic, a KL penalty to the reference with coefficient 0.01 as in the released code) with ``encoder_steps``
@@ -28,8 +28,13 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from rlbook.lm.value import build_value_model
-from rlbook.reward_model import RewardModelScorer, bradley_terry_loss
-from rlbook.rollout import encode_completions
+from rlbook.reward_model import (
+    RewardModelConfig,
+    RewardModelScorer,
+    bradley_terry_step,
+    pair_accuracy,
+    train_reward_model,
+)
 from rlbook.tasks.preferences import PreferencePair, build_preference_pairs
 from rlbook.trainer import Trainer, preset
 
@@ -92,55 +97,20 @@ def encoder_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     return model(input_ids=ids, attention_mask=mask).logits.squeeze(-1).float()
 
 
-def encoder_pair_scores(model, tokenizer, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(chosen, rejected)`` scores, each (N,), EOS appended to both sides."""
-    if not pairs:
-        raise ValueError("need at least one pair")
-    device = next(model.parameters()).device
-    prompts = [p.prompt for p in pairs]
-    chosen = encode_completions(tokenizer, prompts, [p.chosen for p in pairs], device=device)
-    rejected = encode_completions(tokenizer, prompts, [p.rejected for p in pairs], device=device)
-    return encoder_scores(model, *chosen[:2]), encoder_scores(model, *rejected[:2])
-
-
-@torch.no_grad()
-def encoder_pair_accuracy(model, tokenizer, pairs: list[PreferencePair]) -> float:
-    """Fraction of ``pairs`` whose chosen side the encoder scores higher."""
-    chosen, rejected = encoder_pair_scores(model, tokenizer, pairs)
-    return float((chosen > rejected).float().mean())
-
-
 class EncoderScorer(RewardModelScorer):
-    """The encoder as the Trainer's ``reward_fn(examples, completions, truncated) -> (B,)``; it remembers the
-    ``(example, completion)`` pairs it scored in ``seen`` so that the adversarial loop can build fresh pairs
-    without a change to the trainer."""
+    """The encoder as the Trainer's ``reward_fn(examples, completions, truncated) -> (B,)`` (scores read by
+    :func:`encoder_scores`); it remembers the ``(example, completion)`` pairs it scored in ``seen`` so that the
+    adversarial loop can build fresh pairs without a change to the trainer."""
 
     def __init__(self, model, tokenizer, **kwargs):
-        super().__init__(model, tokenizer, **kwargs)
+        super().__init__(model, tokenizer, score_fn=encoder_scores, **kwargs)
         self.seen: list[tuple] = []
-
-    @torch.no_grad()
-    def raw_scores(self, prompts: list[str], completions: list[str]) -> np.ndarray:
-        device = next(self.model.parameters()).device
-        input_ids, attention_mask, _ = encode_completions(self.tokenizer, prompts, completions, device=device)
-        return encoder_scores(self.model, input_ids, attention_mask).double().cpu().numpy()
 
     def __call__(self, examples, completions, truncated=None) -> np.ndarray:
         if len(examples) != len(completions):
             raise ValueError(f"got {len(examples)} examples and {len(completions)} completions")
         self.seen.extend(zip(examples, completions))
         return super().__call__(examples, completions, truncated)
-
-
-def encoder_step(model, optimizer, tokenizer, pairs: list[PreferencePair]) -> float:
-    """One AdamW step of the Bradley–Terry loss on ``pairs``; returns the loss."""
-    model.train()
-    loss = bradley_terry_loss(*encoder_pair_scores(model, tokenizer, pairs))
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-    model.eval()
-    return loss.item()
 
 
 def warmup_encoder(model, tokenizer, train_pairs, test_pairs, steps: int = 100, batch_size: int = 64,
@@ -150,12 +120,12 @@ def warmup_encoder(model, tokenizer, train_pairs, test_pairs, steps: int = 100, 
         raise ValueError("warmup_encoder needs training and test pairs")
     if steps < 0 or batch_size < 1 or not lr > 0:
         raise ValueError(f"need steps >= 0, batch_size >= 1, lr > 0; got {steps}, {batch_size}, {lr}")
-    rng = np.random.default_rng(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    before = encoder_pair_accuracy(model, tokenizer, test_pairs)
-    for _ in range(steps):
-        encoder_step(model, optimizer, tokenizer, [train_pairs[i] for i in rng.integers(len(train_pairs), size=batch_size)])
-    return [before, encoder_pair_accuracy(model, tokenizer, test_pairs)]
+    before = pair_accuracy(model, tokenizer, test_pairs, encoder_scores)
+    if steps == 0:
+        return [before, before]
+    config = RewardModelConfig(steps=steps, batch_size=batch_size, lr=lr, eval_every=steps, seed=seed)
+    history = train_reward_model(model, tokenizer, train_pairs, test_pairs, config, score_fn=encoder_scores)
+    return [before, history.eval_accuracy[-1]]
 
 
 def fresh_pairs(task, seen) -> list[PreferencePair]:
@@ -220,7 +190,7 @@ def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, enc
         warmup = warmup_encoder(encoder, tokenizer, train_pairs, test_pairs, config.warmup_steps,
                                 config.encoder_batch_size, config.encoder_lr, seed=config.seed)
     else:
-        warmup = [encoder_pair_accuracy(encoder, tokenizer, test_pairs)] * 2
+        warmup = [pair_accuracy(encoder, tokenizer, test_pairs, encoder_scores)] * 2
     scorer = EncoderScorer(encoder, tokenizer)
     rl = preset("ppo", beta=config.init_kl_coef, seed=config.seed, **config.rl)
     trainer = Trainer(policy, tokenizer, task, rl, reward_fn=scorer,
@@ -238,8 +208,8 @@ def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, enc
             n_fresh = int(round(config.fresh_fraction * config.encoder_batch_size)) if fresh else 0
             batch = [fresh[i] for i in rng.integers(len(fresh), size=n_fresh)] if n_fresh else []
             batch += [train_pairs[i] for i in rng.integers(len(train_pairs), size=config.encoder_batch_size - n_fresh)]
-            losses.append(encoder_step(encoder, optimizer, tokenizer, batch))
-        history.append(dict(round=round_, pair_accuracy=encoder_pair_accuracy(encoder, tokenizer, test_pairs),
+            losses.append(bradley_terry_step(encoder, optimizer, tokenizer, batch, encoder_scores))
+        history.append(dict(round=round_, pair_accuracy=pair_accuracy(encoder, tokenizer, test_pairs, encoder_scores),
                             gold=trainer.evaluate(), reward=float(np.mean([s["reward"] for s in steps])),
                             train_gold=float(np.mean([s["accuracy"] for s in steps])),
                             kl_ref=float(np.mean([s.get("kl_ref", 0.0) for s in steps])),

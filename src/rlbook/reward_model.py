@@ -77,14 +77,20 @@ def sequence_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_m
     return model.score(hidden[torch.arange(len(last), device=last.device), last]).squeeze(-1).float()
 
 
-def pair_scores(model, tokenizer, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(chosen_rewards, rejected_rewards)``, each (N,), for preference pairs (EOS appended to both sides)."""
+def pair_scores(model, tokenizer, pairs: list[PreferencePair],
+                score_fn=sequence_scores) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(chosen_rewards, rejected_rewards)``, each (N,), for preference pairs (EOS appended to both sides).
+
+    ``score_fn(model, input_ids, attention_mask) -> (B,)`` reads the reward off the model: the last real token of a
+    causal LM (:func:`sequence_scores`), or another reading (GAPO's encoder, :func:`rlbook.gapo.encoder_scores`)."""
+    if not pairs:
+        raise ValueError("need at least one pair")
     device = next(model.parameters()).device
     prompts = [p.prompt for p in pairs]
     chosen = encode_completions(tokenizer, prompts, [p.chosen for p in pairs], device=device)
     rejected = encode_completions(tokenizer, prompts, [p.rejected for p in pairs], device=device)
     with autocast(device):
-        return sequence_scores(model, *chosen[:2]), sequence_scores(model, *rejected[:2])
+        return score_fn(model, *chosen[:2]), score_fn(model, *rejected[:2])
 
 
 @dataclass
@@ -114,16 +120,29 @@ class RewardModelHistory:
 
 
 @torch.no_grad()
-def pair_accuracy(model, tokenizer, pairs: list[PreferencePair]) -> float:
+def pair_accuracy(model, tokenizer, pairs: list[PreferencePair], score_fn=sequence_scores) -> float:
     """Fraction of pairs whose chosen side scores higher than the rejected one."""
-    chosen, rejected = pair_scores(model, tokenizer, pairs)
+    chosen, rejected = pair_scores(model, tokenizer, pairs, score_fn)
     return float((chosen > rejected).float().mean())
 
 
+def bradley_terry_step(model, optimizer, tokenizer, pairs: list[PreferencePair], score_fn=sequence_scores,
+                       margin: float | None = None) -> float:
+    """One optimizer step of the Bradley–Terry loss on ``pairs``; returns the loss."""
+    model.train()
+    loss = bradley_terry_loss(*pair_scores(model, tokenizer, pairs, score_fn), margin)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    model.eval()
+    return loss.item()
+
+
 def train_reward_model(model, tokenizer, train_pairs: list[PreferencePair], test_pairs: list[PreferencePair],
-                       config: RewardModelConfig | None = None) -> RewardModelHistory:
+                       config: RewardModelConfig | None = None, score_fn=sequence_scores) -> RewardModelHistory:
     """Fit ``model`` in place with the Bradley–Terry loss on minibatches of ``train_pairs`` (drawn with
-    replacement, seeded); held-out pair accuracy on ``test_pairs`` every ``eval_every`` steps."""
+    replacement, seeded); held-out pair accuracy on ``test_pairs`` every ``eval_every`` steps. ``score_fn`` as
+    for :func:`pair_scores`."""
     config = config or RewardModelConfig()
     if not train_pairs or not test_pairs:
         raise ValueError("train_reward_model needs training and test pairs")
@@ -131,19 +150,11 @@ def train_reward_model(model, tokenizer, train_pairs: list[PreferencePair], test
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     history = RewardModelHistory()
     for step in range(1, config.steps + 1):
-        model.train()
         batch = [train_pairs[i] for i in rng.integers(len(train_pairs), size=config.batch_size)]
-        chosen, rejected = pair_scores(model, tokenizer, batch)
-        loss = bradley_terry_loss(chosen, rejected, config.margin)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        history.losses.append(loss.item())
+        history.losses.append(bradley_terry_step(model, optimizer, tokenizer, batch, score_fn, config.margin))
         if step % config.eval_every == 0 or step == config.steps:
-            model.eval()
             history.eval_steps.append(step)
-            history.eval_accuracy.append(pair_accuracy(model, tokenizer, test_pairs))
-    model.eval()
+            history.eval_accuracy.append(pair_accuracy(model, tokenizer, test_pairs, score_fn))
     return history
 
 
@@ -158,20 +169,21 @@ class RewardModelScorer:
     """
 
     def __init__(self, model, tokenizer, mean: float = 0.0, std: float = 1.0, clip: float | None = 10.0,
-                 missing_eos_penalty: float | None = None):
+                 missing_eos_penalty: float | None = None, score_fn=sequence_scores):
         if not std > 0:
             raise ValueError(f"std must be positive, got {std}")
         if clip is not None and not clip > 0:
             raise ValueError(f"clip must be positive or None, got {clip}")
         self.model, self.tokenizer = model, tokenizer
         self.mean, self.std, self.clip, self.missing_eos_penalty = mean, std, clip, missing_eos_penalty
+        self.score_fn = score_fn  # see pair_scores
 
     @torch.no_grad()
     def raw_scores(self, prompts: list[str], completions: list[str]) -> np.ndarray:
         device = next(self.model.parameters()).device
         input_ids, attention_mask, _ = encode_completions(self.tokenizer, prompts, completions, device=device)
         with autocast(device):
-            return sequence_scores(self.model, input_ids, attention_mask).double().cpu().numpy()
+            return self.score_fn(self.model, input_ids, attention_mask).double().cpu().numpy()
 
     def __call__(self, examples, completions, truncated=None) -> np.ndarray:
         scores = (self.raw_scores([e.prompt for e in examples], list(completions)) - self.mean) / self.std
