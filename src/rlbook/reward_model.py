@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from rlbook.lm import autocast
+from rlbook.lm.model import position_ids_from_mask
 from rlbook.lm.value import scalar_head_model
 from rlbook.rollout import encode_completions
 from rlbook.tasks.preferences import PreferencePair
@@ -69,7 +70,7 @@ def sequence_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_m
 
     Works with left- and right-padding: the last real token is the rightmost column whose mask is 1.
     """
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    position_ids = position_ids_from_mask(attention_mask)
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
                               position_ids=position_ids).last_hidden_state  # (B, L, H)
     columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)

@@ -29,6 +29,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlbook.lm import lean
 from rlbook.lm.device import resolve_device
+from rlbook.lm.model import position_ids_from_mask
 from rlbook.lm.tokenizer import check_tokenizer
 
 
@@ -222,7 +223,7 @@ def generate_rollouts(
     model.eval()
     try:
         # 2. Prefill: position ids 0, 1, 2, ... over the real tokens (padding gets 0; it is masked anyway).
-        position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        position_ids = position_ids_from_mask(prompt_mask)
         next_logits = next_token_logits(prompt_ids, prompt_mask, position_ids).repeat_interleave(G, dim=0)  # (B, V)
         cache.batch_repeat_interleave(G)
         prompt_ids, prompt_mask = prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0)
@@ -360,7 +361,7 @@ def sequence_logprobs(
     (B, L), T = input_ids.shape, completion_mask.shape[1]
     body, head = model.base_model, model.get_output_embeddings()
 
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as during sampling: padding does not count
+    position_ids = position_ids_from_mask(attention_mask)  # as during sampling: padding does not count
     if lean.supports(model):  # the same function, without padding and without the HF modules' per-call overhead
         wanted = torch.zeros_like(attention_mask, dtype=torch.bool)  # the positions that predict a scored token
         wanted[:, L - T - 1 : L - 1] = completion_mask.bool()

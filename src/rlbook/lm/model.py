@@ -134,6 +134,12 @@ def build_model(
     return model.to(device).eval()
 
 
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that count only the real tokens of each row: 0, 1, 2, ... from its first 1 in ``attention_mask``
+    (B, L), so that a left-padded row sees the positions it would see unpadded; padding gets 0 (it is masked)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def count_parameters(model: torch.nn.Module) -> int:
     """Number of distinct parameters (a tied embedding/output matrix counts once)."""
     return sum(p.numel() for p in model.parameters())

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from rlbook.lm.model import position_ids_from_mask
+
 
 def routers(model) -> list[torch.nn.Module]:
     """The router module of every MoE layer of ``model``, in layer order (an empty list for a dense model).
@@ -49,7 +51,7 @@ def expert_choices(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     recorded: list[torch.Tensor] = []
     hooks = [gate.register_forward_hook(lambda module, args, output: recorded.append(output[2])) for gate in gates]
     try:
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # left padding, as in rollout
+        position_ids = position_ids_from_mask(attention_mask)  # left padding, as in rollout
         model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     finally:
         for hook in hooks:

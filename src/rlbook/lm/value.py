@@ -22,6 +22,7 @@ import torch
 from transformers import AutoModelForTokenClassification, PreTrainedModel
 
 from rlbook.lm.device import resolve_device
+from rlbook.lm.model import position_ids_from_mask
 
 
 def scalar_head_model(policy: PreTrainedModel, auto_class, seed: int = 0) -> PreTrainedModel:
@@ -68,7 +69,7 @@ def token_values(
     columns as :func:`rlbook.rollout.sequence_logprobs` reads its logits from (``L − T − 1 .. L − 2``).
     """
     (B, L), T = input_ids.shape, completion_mask.shape[1]
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    position_ids = position_ids_from_mask(attention_mask)
     scores = value_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
     values = scores[:, L - T - 1 : L - 1, 0].float()
     return values * completion_mask.to(values.dtype)
