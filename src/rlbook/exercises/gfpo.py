@@ -38,13 +38,14 @@ def reference_gfpo_advantages(rewards, lengths, num_generations: int, k: int, me
 
 
 def _z_scores(rewards: np.ndarray, keep: np.ndarray, G: int) -> np.ndarray:
-    """Z-scores over the ``keep`` entries of each group (n - 1 std, eps 1e-4), 0 elsewhere (for the hints)."""
-    groups, kept = rewards.reshape(-1, G), keep.reshape(-1, G).astype(float)
-    count = kept.sum(-1, keepdims=True)
-    mean = (groups * kept).sum(-1, keepdims=True) / np.maximum(count, 1)
-    centred = (groups - mean) * kept
-    std = np.sqrt((centred**2).sum(-1, keepdims=True) / np.maximum(count - 1, 1))
-    return (centred / (std + 1e-4)).reshape(-1)
+    """Z-scores over the ``keep`` entries of each group, 0 elsewhere (for the hints): the package's
+    ``group_advantages`` with that keep mask."""
+    import torch
+
+    from rlbook.objectives import group_advantages
+
+    return group_advantages(torch.as_tensor(np.asarray(rewards, dtype=np.float64)), G,
+                            keep_mask=torch.as_tensor(np.asarray(keep, dtype=bool))).numpy()
 
 
 def _hint(got: np.ndarray, rewards: np.ndarray, lengths: np.ndarray, G: int, k: int, metric: str) -> str:
