@@ -6,14 +6,14 @@ A benchmark that prints (and stores its numbers in ``bench/results/``), not a ti
 Both trainers start from the same weights, see the same prompts in the same order and run TRL's GRPO defaults:
 loss ``"dapo"`` (token mean over the generation batch), group std scaling, beta = 0, epsilon = 0.2, one update
 per rollout, AdamW, gradient clipping at 1.0, 16 prompts x G = 8 completions per step, completion budget 8,
-temperature 1, a constant learning rate (TRL's default schedule is a linear decay; ``--lr-scheduler linear``
-gives both that), float32 on the CPU, gradient checkpointing off.
+temperature 1, a constant learning rate (TRL's default schedule is a linear decay; our trainer has no schedule, so
+the bench sets TRL's to constant), float32 on the CPU, gradient checkpointing off.
 
-Three measurements:
+Four measurements:
 
 1. ``speed``: seconds per step, median over ``--steps`` steps after ``--warmup`` untimed ones, with the phases
    generate / score / update. The two trainers alternate step by step (ours runs inside a TRL callback between
-   two TRL steps), so both see the same background load. Phases: ours from its own ``time_*`` metrics; TRL's
+   two TRL steps), so both see the same background load. Phases: ours from its own ``time/*`` metrics; TRL's
    from wrapping ``_generate`` (generate) and ``_generate_and_score_completions`` (generate + score); its update
    is the rest of the step (loss, backward, clipping, optimizer, its logging);
 2. ``curves``: the reward of each step over ``--curve-steps`` steps for ``--seeds`` seeds of each trainer (a
@@ -71,7 +71,7 @@ def load_model(name: str):
 
 
 def step_examples(task, seed: int, steps: int, num_prompts: int):
-    """The prompts of our trainer's steps 0 .. steps-1 (the formula of Trainer._sample_groups), in order."""
+    """The prompts of our trainer's steps 0 .. steps-1 (the formula of Trainer.sample_rollout), in order."""
     return [e for step in range(steps)
             for e in task.sample(num_prompts, split="train", seed=np.random.default_rng([seed, step]))]
 
@@ -83,8 +83,7 @@ def our_trainer(model, tokenizer, task, args, seed: int):
                       per_device_train_batch_size=args.num_prompts * args.num_generations,
                       learning_rate=args.learning_rate, advantage_estimator="grpo", scale_rewards="group",
                       loss_type="dapo", beta=args.beta, epsilon=0.2, num_iterations=1, seed=seed,
-                      max_steps=10**6, **({"lr_scheduler_type": args.lr_scheduler}
-                                          if args.lr_scheduler != "constant" else {}))
+                      max_steps=10**6)
     return Trainer(copy.deepcopy(model), tokenizer, task, config)
 
 
@@ -155,7 +154,9 @@ def side_by_side(model_name: str, args, seed: int, steps: int):
                                    "time_update": total - gs})
             start = time.perf_counter()
             metrics = ours.train_step()
-            records["ours"].append({**metrics, "time_step": time.perf_counter() - start})
+            records["ours"].append({"reward": metrics["reward"], "completion_length": metrics["completions/mean_length"],
+                                    "time_step": time.perf_counter() - start, "time_generate": metrics["time/generate"],
+                                    "time_score": metrics["time/score"], "time_update": metrics["time/update"]})
 
         def on_log(self, targs, state, control, logs=None, **kw):
             if logs and "reward" in logs:
@@ -358,7 +359,8 @@ def main(argv=None) -> None:
     parser.add_argument("--num-generations", type=int, default=8)
     parser.add_argument("--max-completion-length", type=int, default=8)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--lr-scheduler", default="constant", choices=["constant", "linear"])
+    parser.add_argument("--lr-scheduler", default="constant", choices=["constant"],
+                        help="TRL's schedule; only constant, since our trainer has none")
     parser.add_argument("--beta", type=float, default=0.0)
     parser.add_argument("--smooth", type=int, default=5)
     parser.add_argument("--hf-forward", action="store_true",

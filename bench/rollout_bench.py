@@ -11,11 +11,11 @@ Tokens counted are completion tokens up to and including the first EOS (what the
 Each sampler runs ``--warmup`` times untimed, then ``--repeats`` times, interleaved with the other so that both
 see the same background load; we report the median.
 
-Two scenarios, the same model weights otherwise:
+Three scenarios:
 
-- ``random``: the freshly initialised model. EOS has probability about 1/62 per token, so about half the rows
+- ``random``: a freshly initialised model. EOS has probability about 1/62 per token, so about half the rows
   run to ``max_new_tokens``;
-- ``eos``: the EOS logit scaled by ``--eos-boost``, so completions end at varied lengths, as a trained policy's do.
+- ``eos``: the same weights, the EOS logit scaled by ``--eos-boost``, so completions end at varied lengths, as a trained policy's do.
   Here dropping finished rows from the batch (which ``generate`` does not do) pays off;
 - ``trained``: the shipped base policies (``rlbook.checkpoints``, tiny size) on their own tasks' prompts: the
   setting every RL chapter runs in.

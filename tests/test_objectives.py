@@ -196,8 +196,8 @@ def test_every_loss_type_equals_its_formula(loss_type, beta, epsilon_high):
                                 loss_type=loss_type, max_completion_length=16, num_items_in_batch=100.0,
                                 beta=beta, ref_logp=ref_logp)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
-    assert 0 < metrics["clip_frac"] < 1, "the test batch must exercise the clip"
-    assert ("kl_ref" in metrics) == (beta > 0)
+    assert 0 < metrics["clip_ratio/region_mean"] < 1, "the test batch must exercise the clip"
+    assert ("kl" in metrics) == (beta > 0)
 
 
 def test_sequence_level_advantages_broadcast_over_tokens():
@@ -219,7 +219,7 @@ def test_clipped_loss_has_zero_gradient_exactly_outside_the_trust_region():
     loss.backward()
     zero_gradient = logp.grad[0] == 0
     assert zero_gradient.tolist() == [False, False, False, True, True, False, False, False]
-    assert metrics["clip_frac_high"] == pytest.approx(1 / 8) and metrics["clip_frac_low"] == pytest.approx(1 / 8)
+    assert metrics["clip_ratio/high_mean"] == pytest.approx(1 / 8) and metrics["clip_ratio/low_mean"] == pytest.approx(1 / 8)
 
 
 def test_dapo_micro_batches_with_num_items_in_batch_give_the_whole_batch_gradient():
@@ -244,8 +244,8 @@ def test_dapo_micro_batches_with_num_items_in_batch_give_the_whole_batch_gradien
 def test_on_policy_ratio_is_one_and_metrics_say_so():
     logp, _, advantages, _, mask = random_batch()
     _, metrics = policy_loss(logp, logp.clone(), advantages, mask)
-    assert metrics["ratio_min"] == pytest.approx(1.0, abs=1e-12) and metrics["ratio_max"] == pytest.approx(1.0, abs=1e-12)
-    assert metrics["clip_frac"] == pytest.approx(0.0, abs=1e-12) and metrics["approx_kl"] == pytest.approx(0.0, abs=1e-12)
+    assert metrics["ratio/min"] == pytest.approx(1.0, abs=1e-12) and metrics["ratio/max"] == pytest.approx(1.0, abs=1e-12)
+    assert metrics["clip_ratio/region_mean"] == pytest.approx(0.0, abs=1e-12) and metrics["approx_kl"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_garbage_on_padding_does_not_leak_into_the_loss():
@@ -296,7 +296,7 @@ def test_value_loss_formula_with_and_without_clipping():
     assert value_loss(values, old_values, returns, mask, 0.2).item() == pytest.approx(plain.item())
     # clipping can only raise the loss: with V far from R and V_old near R, the clipped branch is not smaller
     assert value_loss(values, returns, returns, mask, 0.1).item() >= value_loss(values, returns, returns, mask).item()
-    with pytest.raises(ValueError, match="clip_range_value must be positive"):
+    with pytest.raises(ValueError, match="cliprange_value must be positive"):
         value_loss(values, old_values, returns, mask, 0.0)
     with pytest.raises(ValueError, match="all zero"):
         value_loss(values, old_values, returns, torch.zeros(2, 3))
@@ -450,7 +450,7 @@ def test_sequence_level_ratio_is_the_geometric_mean_of_token_ratios():
     loss, metrics = policy_loss(logp, old_logp, advantages, mask, epsilon=eps, epsilon_high=eps_high,
                                 loss_type="grpo", importance_sampling_level="sequence")
     assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
-    assert metrics["ratio_max"] == pytest.approx(s.max().item(), rel=1e-12)
+    assert metrics["ratio/max"] == pytest.approx(s.max().item(), rel=1e-12)
 
 
 def test_sequence_level_with_one_token_completions_equals_token_level():
@@ -507,7 +507,7 @@ def test_gmpo_loss_equals_its_formula_and_stays_finite(scale):
     assert torch.isfinite(loss) and torch.all(torch.isfinite(params.grad))
     assert all(math.isfinite(v) for v in metrics.values())
     if scale > 1:
-        assert metrics["clip_frac"] > 0
+        assert metrics["clip_ratio/region_mean"] > 0
 
 
 def test_gmpo_clips_by_the_sign_of_the_advantage_in_log_space():

@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from rlbook.callbacks import TrainerCallback
 from rlbook.lm import build_model, build_tokenizer
 from rlbook.lm.value import build_value_model, token_values
-from rlbook.rollout import generate_rollouts
+from rlbook.presets import PRESETS, RLConfig, preset
+from rlbook.rollout import generate_rollouts, sequence_logprobs
 from rlbook.tasks import get_task
-from rlbook.trainer import PRESETS, RLConfig, Trainer, preset
+from rlbook.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -23,10 +25,11 @@ def length_reward(examples, completions, truncated):
     return np.array([float(len(c)) for c in completions])
 
 
-def make_trainer(name="reinforce_baseline", **overrides):
+def make_trainer(name="reinforce_baseline", callbacks=(), **overrides):
     task = get_task("arithmetic", num_digits=1)
     config = preset(name, **{**SMALL, **overrides})
-    return Trainer(build_model("tiny", seed=0), build_tokenizer(), task, config, reward_fn=length_reward)
+    return Trainer(build_model("tiny", seed=0), build_tokenizer(), task, config, reward_fn=length_reward,
+                   callbacks=callbacks)
 
 
 def weights(model):
@@ -43,10 +46,10 @@ def test_every_preset_runs_and_reports_finite_metrics(name):
     history = trainer.train(progress=False)
     assert [m["step"] for m in history] == [1, 2]
     last = history[-1]
-    for key in ("reward", "accuracy", "completion_length", "clip_frac", "approx_kl", "policy_loss", "grad_norm",
-                "time_generate", "time_score", "time_update", "eval_accuracy"):
+    for key in ("reward", "accuracy", "completions/mean_length", "entropy", "clip_ratio/region_mean", "approx_kl",
+                "loss/policy", "grad_norm", "time/generate", "time/score", "time/update", "eval_accuracy"):
         assert key in last and math.isfinite(last[key]), key
-    assert ("value_loss" in last) == (PRESETS[name]["advantage_estimator"] == "gae")
+    assert ("loss/value" in last) == (PRESETS[name]["advantage_estimator"] in ("gae", "vapo"))
 
 
 def test_the_update_changes_the_policy_and_reinforce_ratios_are_one():
@@ -55,15 +58,15 @@ def test_the_update_changes_the_policy_and_reinforce_ratios_are_one():
     metrics = trainer.train_step()
     assert any(not torch.allclose(before[k], v) for k, v in trainer.policy.state_dict().items())
     # one on-policy pass: old log-probs come from the sampler, so the ratio is 1 up to the two paths' rounding
-    assert metrics["ratio_min"] == pytest.approx(1.0, abs=1e-4) and metrics["ratio_max"] == pytest.approx(1.0, abs=1e-4)
-    assert metrics["clip_frac"] == pytest.approx(0.0, abs=1e-12)
+    assert metrics["ratio/min"] == pytest.approx(1.0, abs=1e-4) and metrics["ratio/max"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["clip_ratio/region_mean"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_ppo_reuses_each_rollout_and_clipping_becomes_active():
     trainer = make_trainer("ppo", max_steps=3, num_iterations=4, learning_rate=5e-3)
     history = trainer.train(progress=False)
-    assert max(m["clip_frac"] for m in history) > 0, "four passes at a high learning rate must move ratios past 1 ± ε"
-    assert all("value_loss" in m for m in history)
+    assert max(m["clip_ratio/region_mean"] for m in history) > 0, "four passes at a high learning rate must move ratios past 1 ± ε"
+    assert all("loss/value" in m for m in history)
 
 
 def test_gradient_accumulation_with_dapo_equals_one_big_batch():
@@ -92,7 +95,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     second.train(progress=False)
 
     for a, b in zip(straight.history, second.history):
-        for key in ("reward", "policy_loss", "value_loss", "approx_kl", "grad_norm"):
+        for key in ("reward", "loss/policy", "loss/value", "approx_kl", "grad_norm"):
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["step"], key)
     for key, value in weights(straight.policy).items():
         torch.testing.assert_close(value, second.policy.state_dict()[key], rtol=1e-6, atol=1e-8)
@@ -128,6 +131,12 @@ def test_a_reward_function_that_returns_nan_is_a_clear_error():
     "kwargs, match",
     [
         (dict(advantage_estimator="vtrace"), "unknown advantage_estimator"),
+        (dict(epsilon_high=0.1), "epsilon_high \\(0.1\\) is below epsilon"),
+        (dict(adaptive_kl_target=0.1), "needs a starting beta > 0"),
+        (dict(kl_placement="reward_model"), "unknown kl_placement"),
+        (dict(advantage_estimator="gfpo"), "needs gfpo_k"),
+        (dict(learning_rate=float("nan")), "learning_rate must be a finite number"),
+        (dict(num_generations=2.5, per_device_train_batch_size=8), "num_generations must be an integer"),
         (dict(num_generations=3, per_device_train_batch_size=8), "multiple of num_generations"),
         (dict(gradient_accumulation_steps=2, steps_per_generation=3), "multiple of gradient_accumulation_steps"),
         (dict(advantage_estimator="rloo", num_generations=1), "needs num_generations >= 2"),
@@ -136,13 +145,14 @@ def test_a_reward_function_that_returns_nan_is_a_clear_error():
         (dict(lam=-0.5), "gamma and lam"),
         (dict(epsilon=0.0), "epsilon"),
         (dict(beta=-1.0), "beta"),
-        (dict(num_iterations=0), "num_iterations must be at least 1"),
-        (dict(advantage_estimator="gae", lam_critic=1.5), "lam_critic must lie in"),
-        (dict(advantage_estimator="gae", lam_alpha=0.0), "lam_alpha must be positive"),
-        (dict(kl_target=0.0), "kl_target must be positive"),
-        (dict(target_kl=-1.0), "target_kl must be positive"),
+        (dict(num_iterations=0), "num_iterations must be an integer >= 1"),
+        (dict(advantage_estimator="vapo", lam_critic=1.5), "lam_critic must lie in"),
+        (dict(advantage_estimator="vapo", lam_alpha=0.0), "lam_alpha must be positive"),
+        (dict(advantage_estimator="gae", lam_alpha=0.05), "need advantage_estimator='vapo'"),
+        (dict(adaptive_kl_target=0.0, beta=0.1), "adaptive_kl_target must be positive"),
+        (dict(early_stop_kl=-1.0), "early_stop_kl must be positive"),
         (dict(nll_coef=-0.1), "nll_coef and value_pretrain_steps"),
-        (dict(lam_alpha=0.05), "need advantage_estimator='gae'"),
+        (dict(value_pretrain_steps=2), "value_pretrain_steps needs a value model"),
     ],
 )
 def test_config_errors(kwargs, match):
@@ -150,9 +160,41 @@ def test_config_errors(kwargs, match):
         RLConfig(**kwargs)
 
 
-def test_unknown_preset():
+def test_unknown_preset_and_unknown_key():
     with pytest.raises(ValueError, match="unknown preset"):
         preset("trpo")
+    with pytest.raises(ValueError, match="unknown RLConfig key 'lr'; did you mean 'learning_rate'"):
+        preset("grpo", lr=1e-3)
+    with pytest.raises(ValueError, match="unknown RLConfig key 'target_kl'; did you mean 'early_stop_kl'"):
+        preset("ppo", target_kl=0.01)  # renamed early_stop_kl: not confused with adaptive_kl_target
+
+
+class Recorder(TrainerCallback):
+    """Keeps what every hook saw, in order."""
+
+    def __init__(self):
+        self.calls, self.rollout, self.scored = [], None, None
+
+    def on_train_begin(self, trainer):
+        self.calls.append("train_begin")
+
+    def on_rollout_end(self, trainer, rollout):
+        self.calls.append("rollout")
+        self.rollout = rollout
+        return {"recorder/completions": float(len(rollout.completions))}
+
+    def on_score_end(self, trainer, scored):
+        self.calls.append("score")
+        self.scored = scored
+
+    def on_update_end(self, trainer, scored):
+        self.calls.append("update")
+
+    def on_step_end(self, trainer, metrics):
+        self.calls.append("step")
+
+    def on_train_end(self, trainer):
+        self.calls.append("train_end")
 
 
 # --- DAPO's techniques ----------------------------------------------------------------------------------------
@@ -166,45 +208,42 @@ def test_dynamic_sampling_drops_groups_with_equal_rewards_and_refills_the_batch(
     task = get_task("arithmetic", num_digits=1)
     config = preset("dapo", **{**SMALL, "per_device_train_batch_size": 16}, max_num_gen_batches=6)
     trainer = Trainer(build_model("tiny", seed=0), build_tokenizer(), task, config, reward_fn=some_groups_flat)
-    batch, examples, rewards, metrics = trainer._sample_groups(trainer.step)
-    assert len(examples) == config.num_prompts == 4 and len(batch) == 16
-    assert np.all(rewards.reshape(-1, 4).std(-1) > 0), "no zero-variance group while rounds are left"
+    rollout = trainer.sample_rollout(trainer.step)
+    batch, examples, metrics = rollout.batch, rollout.examples, rollout.metrics
+    assert len(examples) == config.num_prompts == 4 and len(batch) == 16 == len(rollout.completions)
+    assert np.all(rollout.rewards.reshape(-1, 4).std(-1) > 0), "no zero-variance group while rounds are left"
     assert all(int(e.prompt[0]) % 2 == 1 for e in examples)
     assert batch.prompts == [e.prompt for e in examples]
-    assert metrics["gen_rounds"] >= 2 and metrics["num_groups"] == 4 and 0 < metrics["frac_reward_zero_std"] < 1
+    assert rollout.completions == batch.decode_completions(trainer.tokenizer)
+    assert metrics["dynamic_sampling/rounds"] >= 2 and metrics["dynamic_sampling/groups"] == 4
+    assert 0 < metrics["frac_reward_zero_std"] < 1
 
 
 def test_dynamic_sampling_with_no_informative_group_trains_on_the_first_round():
     trainer = make_trainer("dapo", max_num_gen_batches=2, mask_truncated_completions=False)
     trainer.reward_fn = lambda examples, completions, truncated: np.zeros(len(completions))
     metrics = trainer.train_step()
-    assert metrics["gen_rounds"] == 2 and metrics["num_groups"] == 0 and metrics["frac_reward_zero_std"] == pytest.approx(1.0)
+    assert metrics["dynamic_sampling/rounds"] == 2 and metrics["dynamic_sampling/groups"] == 0
+    assert metrics["frac_reward_zero_std"] == pytest.approx(1.0)
 
 
 def test_overlong_filtering_and_the_soft_overlong_punishment():
     from rlbook.tasks.shaping import soft_overlong_penalty
 
     # an untrained model runs most completions to the 4-token budget
-    trainer = make_trainer("dapo", dynamic_sampling=False, overlong_buffer_length=2)
+    recorder = Recorder()
+    trainer = make_trainer("dapo", dynamic_sampling=False, overlong_buffer_length=2, callbacks=[recorder])
     trainer.reward_fn = lambda examples, completions, truncated: np.zeros(len(completions))
-    seen = {}
-    score = trainer._score
-
-    def spy(batch, examples, rewards):
-        seen["batch"], seen["rollout"] = batch, score(batch, examples, rewards)
-        seen["rewards"] = seen["rollout"]["rewards"]
-        return seen["rollout"]
-
-    trainer._score = spy
     metrics = trainer.train_step()
-    batch, rollout = seen["batch"], seen["rollout"]
+    scored = recorder.scored
+    batch = scored.rollout.batch
     expected = soft_overlong_penalty(batch.lengths.numpy(), 4, 2)
-    np.testing.assert_allclose(seen["rewards"], expected, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(scored.rewards, expected, rtol=0, atol=1e-7)
     assert metrics["reward"] == pytest.approx(expected.mean())
-    assert 0 < metrics["truncated_frac"] < 1, "the check needs both kinds of completion"
+    assert 0 < metrics["completions/clipped_ratio"] < 1, "the check needs both kinds of completion"
     truncated = batch.truncated
-    assert torch.all(rollout["loss_mask"][truncated] == 0), "cut-off completions get no loss"
-    assert torch.equal(rollout["loss_mask"][~truncated].bool(), rollout["mask"][~truncated].bool())
+    assert torch.all(scored.loss_mask[truncated] == 0), "cut-off completions get no loss"
+    assert torch.equal(scored.loss_mask[~truncated].bool(), scored.mask[~truncated].bool())
 
 
 def test_dapo_preset_follows_the_paper_and_scales_its_buffer():
@@ -222,17 +261,18 @@ def test_dapo_preset_follows_the_paper_and_scales_its_buffer():
 def test_adaptive_kl_controller_updates_beta_from_the_measured_kl():
     from rlbook.objectives import adaptive_kl_coef
 
-    trainer = make_trainer("ppo", beta=0.05, kl_target=1e-6, kl_horizon=100, max_steps=3, learning_rate=5e-3)
+    trainer = make_trainer("ppo", beta=0.05, adaptive_kl_target=1e-6, adaptive_kl_horizon=100, max_steps=3,
+                           learning_rate=5e-3)
     first, second, third = (trainer.train_step() for _ in range(3))
-    assert first["beta"] == pytest.approx(0.05) and first["kl_ref_sequence"] == pytest.approx(0.0, abs=1e-5)
-    assert second["beta"] == pytest.approx(adaptive_kl_coef(0.05, first["kl_ref_sequence"], 1e-6, 8, 100))
+    assert first["beta"] == pytest.approx(0.05) and first["objective/kl"] == pytest.approx(0.0, abs=1e-5)
+    assert second["beta"] == pytest.approx(adaptive_kl_coef(0.05, first["objective/kl"], 1e-6, 8, 100))
     assert second["beta"] < 0.05, "no KL yet (the policy is its reference): beta shrinks"
-    assert second["kl_ref_sequence"] > 1e-6, "after an update at a high learning rate the policy has moved"
+    assert second["objective/kl"] > 1e-6, "after an update at a high learning rate the policy has moved"
     assert third["beta"] > second["beta"], "KL above a tiny target raises beta"
 
 
 def test_early_stopping_on_kl_ends_the_rollouts_updates():
-    trainer = make_trainer("ppo", num_iterations=4, learning_rate=5e-2, target_kl=1e-9, max_steps=1)
+    trainer = make_trainer("ppo", num_iterations=4, learning_rate=5e-2, early_stop_kl=1e-9, max_steps=1)
     metrics = trainer.train_step()
     assert metrics["early_stopped"] == pytest.approx(1.0) and metrics["optimizer_steps"] < 4
     assert make_trainer("ppo", num_iterations=4, max_steps=1).train_step()["optimizer_steps"] == 4
@@ -244,17 +284,15 @@ def test_vapo_nll_term_is_the_token_mean_nll_of_the_correct_completions_only():
     task.rewards = lambda examples, completions, truncated: np.array(
         [task.correct_reward if len(c) % 2 == 0 else task.incorrect_reward for c in completions])
     config = preset("vapo", **SMALL, value_pretrain_steps=0, mask_truncated_completions=False)
-    trainer = Trainer(build_model("tiny", seed=0), build_tokenizer(), task, config)
-    seen = {}
-    update = trainer._update
-    trainer._update = lambda rollout, value_only=False: seen.setdefault("rollout", rollout) and update(rollout)
+    recorder = Recorder()
+    trainer = Trainer(build_model("tiny", seed=0), build_tokenizer(), task, config, callbacks=[recorder])
     metrics = trainer.train_step()
-    rollout = seen["rollout"]
-    correct = rollout["correct"]
+    scored = recorder.scored
+    correct = scored.correct
     assert 0 < correct.float().mean() < 1, "the check needs both kinds of completion"
-    tokens = rollout["loss_mask"] * correct[:, None]
-    expected = -(rollout["old_logp"] * tokens).sum() / tokens.sum()
-    assert metrics["nll_loss"] == pytest.approx(expected.item(), rel=1e-4)
+    tokens = scored.loss_mask * correct[:, None]
+    expected = -(scored.old_logp * tokens).sum() / tokens.sum()
+    assert metrics["loss/nll"] == pytest.approx(expected.item(), rel=1e-4)
     assert metrics["accuracy"] == pytest.approx(correct.float().mean().item())
 
 
@@ -262,7 +300,7 @@ def test_value_pretraining_fits_the_critic_and_leaves_the_policy_alone():
     trainer = make_trainer("vapo", value_pretrain_steps=3, max_steps=1, mask_truncated_completions=False)
     policy_before, value_before = weights(trainer.policy), weights(trainer.value_model)
     history = trainer.pretrain_value(3)
-    assert len(history) == 3 and all("value_loss" in m and "policy_loss" not in m for m in history)
+    assert len(history) == 3 and all("loss/value" in m and "loss/policy" not in m for m in history)
     assert all(torch.allclose(policy_before[k], v) for k, v in trainer.policy.state_dict().items())
     assert any(not torch.allclose(value_before[k], v) for k, v in trainer.value_model.state_dict().items())
     assert trainer.step == 0
@@ -287,20 +325,20 @@ def test_gspo_preset_updates_in_minibatches_so_the_sequence_ratio_moves():
     assert config.importance_sampling_level == "sequence" and config.steps_per_generation == 4
     metrics = trainer.train_step()
     assert metrics["optimizer_steps"] == 4
-    assert metrics["ratio_max"] > 1 + 1e-6 or metrics["ratio_min"] < 1 - 1e-6
+    assert metrics["ratio/max"] > 1 + 1e-6 or metrics["ratio/min"] < 1 - 1e-6
 
 
 def test_gfpo_trains_only_on_the_kept_completions():
+    recorder = Recorder()
     trainer = make_trainer("gfpo", num_generations=8, gfpo_k=3, per_device_train_batch_size=16, max_steps=1,
-                           mask_truncated_completions=False)
-    seen = {}
-    update = trainer._update
-    trainer._update = lambda rollout, value_only=False: seen.setdefault("rollout", rollout) and update(rollout)
-    trainer.train_step()
-    rollout = seen["rollout"]
-    kept_rows = rollout["loss_mask"].sum(-1) > 0
+                           mask_truncated_completions=False, callbacks=[recorder])
+    metrics = trainer.train_step()
+    scored = recorder.scored
+    kept_rows = scored.loss_mask.sum(-1) > 0
     assert kept_rows.view(-1, 8).sum(-1).tolist() == [3, 3]
-    assert torch.all(rollout["advantages"][~kept_rows] == 0)
+    assert torch.all(scored.advantages[~kept_rows] == 0)
+    kept_length = scored.rollout.batch.lengths[kept_rows].float().mean().item()
+    assert metrics["gfpo/kept_mean_length"] == pytest.approx(kept_length)
     with pytest.raises(ValueError, match="gfpo_k must lie in"):
         preset("gfpo", gfpo_k=20)
 
@@ -374,20 +412,20 @@ def test_lambda_grpo_learns_lambda_toward_the_rewarded_lengths_and_logs_it():
     # length_reward: within a group the longer completions have the higher reward, so lambda must grow
     trainer = make_trainer("lambda_grpo", max_steps=4, max_completion_length=8)
     history = trainer.train(progress=False)
-    lambdas = [m["lambda"] for m in history]
+    lambdas = [m["lambda_grpo/lambda"] for m in history]
     assert all(math.isfinite(x) for x in lambdas)
     assert lambdas[-1] > 0.0 and lambdas[-1] > lambdas[0] - 1e-9
-    assert float(trainer.lam.detach()) == pytest.approx(lambdas[-1], abs=1e-7)
+    assert float(trainer.response_weight_lambda.detach()) == pytest.approx(lambdas[-1], abs=1e-7)
 
 
 def test_lambda_grpo_with_a_fixed_lambda_zero_is_the_same_run_as_without_weights():
-    fixed = make_trainer("lambda_grpo", max_steps=2, lambda_learning_rate=0.0)
+    fixed = make_trainer("lambda_grpo", max_steps=2, lambda_grpo_learning_rate=0.0)
     fixed.train(progress=False)
     plain = make_trainer("lambda_grpo", max_steps=2, lambda_grpo=False)
     plain.train(progress=False)
-    assert [m["lambda"] for m in fixed.history] == pytest.approx([0.0, 0.0], abs=1e-12)
+    assert [m["lambda_grpo/lambda"] for m in fixed.history] == pytest.approx([0.0, 0.0], abs=1e-12)
     for a, b in zip(fixed.history, plain.history):
-        for key in ("reward", "policy_loss", "approx_kl", "grad_norm"):
+        for key in ("reward", "loss/policy", "approx_kl", "grad_norm"):
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
 
 
@@ -398,23 +436,168 @@ def test_lambda_grpo_resume_restores_lambda_and_continues_like_an_uninterrupted_
     first.train(steps=2, progress=False)
     first.save_checkpoint(tmp_path / "ckpt")
     second = make_trainer("lambda_grpo", max_steps=4).resume(tmp_path / "ckpt")
-    assert float(second.lam.detach()) == pytest.approx(first.history[-1]["lambda"], abs=1e-7)
+    assert float(second.response_weight_lambda.detach()) == pytest.approx(first.history[-1]["lambda_grpo/lambda"],
+                                                                          abs=1e-7)
     second.train(progress=False)
     for a, b in zip(straight.history, second.history):
-        for key in ("lambda", "policy_loss", "grad_norm"):
+        for key in ("lambda_grpo/lambda", "loss/policy", "grad_norm"):
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["step"], key)
 
 
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(lambda_grpo=True, loss_type="gmpo"), "lambda_grpo needs"),
-        (dict(lambda_grpo=True, advantage_estimator="rloo"), "lambda_grpo needs"),
-        (dict(lambda_grpo=True, lambda_r=0.0), "lambda_r positive"),
-        (dict(lambda_grpo=True, lambda_learning_rate=-1e-3), "lambda_learning_rate must be >= 0"),
-        (dict(lambda_grpo=True, lambda_init=float("nan")), "lambda_init must be finite"),
+        (dict(lambda_grpo=True, loss_type="gmpo"), "lambda_grpo weighs token losses"),
+        (dict(lambda_grpo=True, advantage_estimator="rloo"), "lambda_grpo weighs token losses"),
+        (dict(lambda_grpo=True, lambda_grpo_r=0.0), "lambda_grpo_r positive"),
+        (dict(lambda_grpo=True, lambda_grpo_learning_rate=-1e-3), "lambda_grpo_learning_rate must be >= 0"),
+        (dict(lambda_grpo=True, lambda_grpo_init=float("nan")), "lambda_grpo_init must be a finite number"),
     ],
 )
 def test_lambda_grpo_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RLConfig(**kwargs)
+
+
+# --- presets, callbacks, metrics -------------------------------------------------------------------------------
+
+
+# TRL GRPOConfig's algorithm defaults (TRL 1.16; ../shared/reference/libraries.md, section 3)
+TRL_GRPO_DEFAULTS = dict(num_generations=8, temperature=1.0, loss_type="dapo", beta=0.0, epsilon=0.2,
+                         epsilon_high=None, scale_rewards="group", num_iterations=1, importance_sampling_level="token",
+                         mask_truncated_completions=False, max_grad_norm=1.0, weight_decay=0.0)
+
+
+def test_rlconfig_defaults_are_the_trl_grpo_preset_and_trls_defaults():
+    assert RLConfig() == preset("trl_grpo")
+    config = RLConfig()
+    for key, value in TRL_GRPO_DEFAULTS.items():
+        assert getattr(config, key) == value, key
+    try:
+        from trl import GRPOConfig
+    except ImportError:
+        return
+    trl_config = GRPOConfig(output_dir="/tmp/unused", report_to="none")
+    for key, value in TRL_GRPO_DEFAULTS.items():
+        assert getattr(trl_config, key) == value, f"TRL's default {key} changed: {getattr(trl_config, key)!r}"
+
+
+def test_callbacks_see_every_phase_in_order_and_their_metrics_are_merged():
+    recorder = Recorder()
+    trainer = make_trainer("rloo", max_steps=2, callbacks=[recorder])
+    history = trainer.train(progress=False)
+    step = ["rollout", "score", "update", "step"]
+    assert recorder.calls == ["train_begin", *step, *step, "train_end"]
+    assert [m["recorder/completions"] for m in history] == [8.0, 8.0]
+    assert recorder.rollout.completions == recorder.rollout.batch.decode_completions(trainer.tokenizer)
+    np.testing.assert_allclose(recorder.rollout.rewards, [len(c) for c in recorder.rollout.completions])
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_logged_metric_is_explained_in_the_metrics_table(name):
+    from rlbook.callbacks import PostUpdateRatios
+    from rlbook.metrics import METRICS
+
+    short = {"value_pretrain_steps": 1} if PRESETS[name].get("value_pretrain_steps") else {}
+    short.update(gfpo_k=2) if PRESETS[name].get("gfpo_k") else None
+    extra = dict(beta=0.05, adaptive_kl_target=0.01) if name in ("ppo", "grpo") else {}
+    trainer = make_trainer(name, max_steps=2, eval_every=2, early_stop_kl=10.0, callbacks=[PostUpdateRatios()],
+                           **short, **extra)
+    trainer.train(progress=False)
+    logged = {key for m in trainer.history + trainer.value_pretrain_history for key in m}
+    assert logged - set(METRICS) == set(), f"logged but not explained in rlbook.metrics.METRICS: {logged - set(METRICS)}"
+
+
+def test_the_two_kl_estimates_are_logged_under_different_keys():
+    grpo = make_trainer("grpo", beta=0.1, max_steps=2, learning_rate=1e-2).train(progress=False)[-1]
+    assert grpo["kl"] > 0 and grpo["objective/kl"] > 0  # k3 in the loss, and the rollout's k1
+    assert grpo["kl"] != grpo["objective/kl_per_token"]
+    ppo = make_trainer("ppo", beta=0.1, max_steps=2, learning_rate=1e-2).train(progress=False)[-1]
+    assert "kl" not in ppo and ppo["objective/kl_per_token"] > 0  # PPO puts the KL in the reward: no k3 in the loss
+
+
+def test_kl_placement_reward_subtracts_the_summed_k1_from_a_group_methods_reward():
+    recorder = Recorder()
+    trainer = make_trainer("grpo", beta=0.5, kl_placement="reward", max_steps=2, learning_rate=1e-2,
+                           callbacks=[recorder])
+    trainer.train(progress=False)
+    scored = recorder.scored
+    k1 = ((scored.old_logp - scored.ref_logp) * scored.mask).sum(-1)
+    assert float(k1.abs().max()) > 1e-4, "the policy must have moved from its reference"
+    rewards = torch.as_tensor(scored.rewards, dtype=torch.float32) - 0.5 * k1
+    from rlbook.objectives import group_advantages
+
+    torch.testing.assert_close(scored.advantages, group_advantages(rewards, 4), rtol=1e-4, atol=1e-5)
+    assert "kl" not in trainer.history[-1], "no KL term in the loss"
+
+
+def test_entropy_is_the_sampling_distributions_true_entropy():
+    """The ``entropy`` metric equals −Σ p log p of softmax(logits / T) recomputed by a teacher-forced forward pass of
+    the policy that sampled, and differs from the one-sample proxy −log pi(o_t)."""
+    import copy
+
+    from rlbook.lm.model import position_ids_from_mask
+
+    recorder = Recorder()
+    trainer = make_trainer("rloo", max_steps=1, temperature=0.7, callbacks=[recorder])
+    sampler = copy.deepcopy(trainer.policy)
+    metrics = trainer.train_step()
+    batch = recorder.rollout.batch
+    mask = batch.completion_mask.bool()
+    with torch.no_grad():
+        logits = sampler(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                         position_ids=position_ids_from_mask(batch.attention_mask)).logits
+    T = mask.shape[1]
+    log_probs = (logits[:, -T - 1 : -1].float() / 0.7).log_softmax(-1)
+    expected = -(log_probs.exp() * log_probs).sum(-1)[mask].mean()
+    assert metrics["entropy"] == pytest.approx(expected.item(), rel=1e-4)
+    assert metrics["entropy"] != pytest.approx((-batch.logprobs[mask]).mean().item(), rel=1e-3)
+
+
+def test_a_new_advantage_estimator_is_registered_and_used():
+    from rlbook.advantages import ESTIMATORS, Advantages, estimator
+
+    @estimator("sign_test")
+    def sign_test(inputs, config):  # +1 for a completion above its group's mean, -1 below
+        return Advantages(torch.sign(inputs.rewards.view(-1, inputs.num_generations)
+                                     - inputs.rewards.view(-1, inputs.num_generations).mean(-1, keepdim=True)).flatten())
+
+    try:
+        recorder = Recorder()
+        trainer = make_trainer("rloo", advantage_estimator="sign_test", max_steps=1, callbacks=[recorder])
+        trainer.train_step()
+        assert set(recorder.scored.advantages.unique().tolist()) <= {-1.0, 0.0, 1.0}
+    finally:
+        del ESTIMATORS["sign_test"]
+    with pytest.raises(ValueError, match="unknown advantage_estimator 'sign_test'"):
+        preset("rloo", advantage_estimator="sign_test")
+
+
+def test_post_update_ratios_match_a_direct_recomputation():
+    from rlbook.callbacks import PostUpdateRatios
+
+    recorder = Recorder()
+    trainer = make_trainer("gspo", per_device_train_batch_size=4, max_steps=1, learning_rate=1e-2,
+                           callbacks=[recorder, PostUpdateRatios()])
+    metrics = trainer.train_step()
+    scored = recorder.scored
+    with torch.no_grad():
+        logp = sequence_logprobs(trainer.policy, scored.input_ids, scored.attention_mask, scored.mask)
+    log_ratio = (logp - scored.old_logp) * scored.mask
+    sequence = log_ratio.sum(-1) / scored.mask.sum(-1)
+    assert metrics["post_update/log_ratio_sequence_var"] == pytest.approx(sequence.var().item(), rel=1e-5)
+    assert metrics["post_update/max_abs_log_ratio_token"] == pytest.approx(
+        log_ratio[scored.mask.bool()].abs().max().item(), rel=1e-5)
+    assert metrics["post_update/log_ratio_token_var"] > 0
+
+
+def test_explained_variance_has_one_centred_definition():
+    from rlbook.metrics import explained_variance
+
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    returns = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 5.0, 7.0, 7.0]])
+    assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
+    assert explained_variance(returns + 10.0, returns, mask) == pytest.approx(1.0)  # a constant offset: centred
+    constant = torch.full_like(returns, 3.0)
+    assert explained_variance(constant, returns, mask) == pytest.approx(0.0, abs=1e-6)
+    assert explained_variance(returns, torch.ones_like(returns), mask) is None

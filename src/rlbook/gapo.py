@@ -142,7 +142,7 @@ def fresh_pairs(task, seen) -> list[PreferencePair]:
 @dataclass
 class GAPOConfig:
     """Knobs of :func:`train_gapo`. ``encoder_steps=0`` gives the control: PPO against the frozen warmed-up
-    encoder. ``rl`` overrides the ``"ppo"`` preset (TRL names); ``init_kl_coef`` is its ``beta``."""
+    encoder. ``rl`` overrides the ``"ppo"`` preset (TRL names); ``beta`` is its KL coefficient (in the reward, as PPO's)."""
 
     rounds: int = 4
     generator_steps: int = 5  # PPO steps per round
@@ -155,7 +155,7 @@ class GAPOConfig:
     num_test_pairs: int = 256
     encoder_size: str = "small"
     encoder_arch: str = "bert"
-    init_kl_coef: float = 0.01
+    beta: float = 0.01  # the KL penalty's coefficient, in the per-token reward (OpenRLHF's init_kl_coef)
     rl: dict = field(default_factory=lambda: dict(learning_rate=3e-4, num_generations=4,
                                                   per_device_train_batch_size=64, max_completion_length=16))
     seed: int = 0
@@ -169,8 +169,8 @@ class GAPOConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.fresh_fraction <= 1.0:
             raise ValueError(f"fresh_fraction must lie in [0, 1], got {self.fresh_fraction}")
-        if not self.encoder_lr > 0 or self.init_kl_coef < 0:
-            raise ValueError("encoder_lr must be positive and init_kl_coef >= 0")
+        if not self.encoder_lr > 0 or self.beta < 0:
+            raise ValueError(f"encoder_lr must be positive and beta >= 0, got {self.encoder_lr} and {self.beta}")
 
 
 def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, encoder=None, device=None) -> dict:
@@ -179,7 +179,8 @@ def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, enc
     Returns ``{"history": [...], "warmup_accuracy": [before, after], "encoder": model, "trainer": trainer}``; the
     history holds one dict per round (round 0: before any PPO step) with the encoder's held-out pair accuracy
     (``pair_accuracy``), the mean encoder ``reward`` and gold rate on training samples (``train_gold``), the
-    gold constraint-satisfaction rate on held-out prompts by the task's rule (``gold``) and ``kl_ref``."""
+    gold constraint-satisfaction rate on held-out prompts by the task's rule (``gold``) and ``kl`` (the mean per-token k1 to the reference of the round's samples, the trainer's
+    ``objective/kl_per_token``)."""
     config = config or GAPOConfig()
     device = device if device is not None else next(policy.parameters()).device
     train_pairs = build_preference_pairs(task, config.num_train_pairs, seed=[config.seed, 1], split="train")
@@ -192,13 +193,13 @@ def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, enc
     else:
         warmup = [pair_accuracy(encoder, tokenizer, test_pairs, encoder_scores)] * 2
     scorer = EncoderScorer(encoder, tokenizer)
-    rl = preset("ppo", beta=config.init_kl_coef, seed=config.seed, **config.rl)
+    rl = preset("ppo", beta=config.beta, seed=config.seed, **config.rl)
     trainer = Trainer(policy, tokenizer, task, rl, reward_fn=scorer,
                       value_model=build_value_model(policy, seed=config.seed))
     optimizer = torch.optim.AdamW(encoder.parameters(), lr=config.encoder_lr)
     rng = np.random.default_rng([config.seed, 3])
     history = [dict(round=0, pair_accuracy=warmup[1], gold=trainer.evaluate(), reward=float("nan"),
-                    train_gold=float("nan"), kl_ref=0.0, encoder_loss=float("nan"))]
+                    train_gold=float("nan"), kl=0.0, encoder_loss=float("nan"))]
     for round_ in range(1, config.rounds + 1):
         scorer.seen.clear()
         steps = trainer.train(config.generator_steps, progress=False)[-config.generator_steps:]
@@ -212,6 +213,6 @@ def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, enc
         history.append(dict(round=round_, pair_accuracy=pair_accuracy(encoder, tokenizer, test_pairs, encoder_scores),
                             gold=trainer.evaluate(), reward=float(np.mean([s["reward"] for s in steps])),
                             train_gold=float(np.mean([s["accuracy"] for s in steps])),
-                            kl_ref=float(np.mean([s.get("kl_ref", 0.0) for s in steps])),
+                            kl=float(np.mean([s.get("objective/kl_per_token", 0.0) for s in steps])),
                             encoder_loss=float(np.mean(losses)) if losses else float("nan")))
     return {"history": history, "warmup_accuracy": warmup, "encoder": encoder, "trainer": trainer}

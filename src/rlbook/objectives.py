@@ -2,11 +2,18 @@
 
 Shapes: ``B`` completions (rows), ``T`` padded completion length (columns). A ``mask`` (B, T) is 1 on the
 completion's real tokens (EOS included) and 0 on right padding; a row is one episode. Nothing here has state:
-tensors in, tensors out. The trainer composes them; the chapters derive them (equation numbers as in the book).
+tensors in, tensors out. The trainer composes them; the chapters derive them, and each docstring names the
+chapter's equation label (``eq-grpo-advantage`` is the GRPO chapter's advantage equation).
+
+The policy loss comes in named pieces, in the order they are applied: :func:`log_ratio` (token or sequence
+level), :func:`clipped_surrogate` or :func:`gmpo_surrogate`, and the aggregation (:func:`completion_token_mean`,
+:func:`token_mean`, :func:`constant_normaliser`, :func:`global_token_mean`, chosen by :func:`aggregate_loss`);
+:func:`policy_loss` composes them.
 
 Names follow TRL where TRL has the concept (``epsilon``, ``epsilon_high``, ``beta``, ``loss_type``,
-``max_completion_length``, ``num_items_in_batch``), and each docstring says which denominator is meant, because
-the libraries disagree about it (``../shared/reference/libraries.md``, section 6).
+``max_completion_length``, ``num_items_in_batch``, ``cliprange_value``), and each docstring says which denominator
+is meant, because the libraries disagree about it (TRL's, verl's and OpenRLHF's token means differ in what they
+count under gradient accumulation; the DAPO chapter compares them).
 """
 
 from __future__ import annotations
@@ -369,7 +376,122 @@ def length_adaptive_lam(lengths: torch.Tensor, alpha: float = 0.05) -> torch.Ten
     return (1.0 - 1.0 / (alpha * lengths)).clamp(min=0.0, max=1.0).to(torch.float32)
 
 
-# --- the policy loss -------------------------------------------------------------------------------------------
+# --- the policy loss, in named pieces: ratio -> surrogate -> aggregation ----------------------------------------
+
+
+def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
+              importance_sampling_level: str = "token") -> torch.Tensor:
+    """log ρ, the log importance ratio of π_θ to π_old, (B, T), 0 outside ``mask``, at TRL's
+    ``importance_sampling_level``:
+
+    - ``"token"``: log ρ_t = logp_t − old_logp_t, one ratio per token (PPO, GRPO, DAPO; eq-ppo-clip);
+    - ``"sequence"`` (GSPO, eq-gspo-ratio): log s_i = Σ_t m (logp − old_logp) / |o_i| at every token of row i, the
+      log of the geometric mean of the token ratios, with the gradient flowing through the mean;
+    - ``"sequence_token"`` (GSPO-token, eq-gspo-token): logp_t − sg(logp_t) + sg(log s_i): the value of log s_i,
+      the gradient of logp_t alone; with a per-completion advantage it equals ``"sequence"`` in value and gradient.
+
+    Sequence levels need at least one masked token per row.
+    """
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    token = torch.where(mask, logp - old_logp, zero)  # padding may hold garbage: keep it out of exp
+    if importance_sampling_level == "token":
+        return token
+    lengths = mask.sum(-1)
+    if not bool((lengths > 0).all()):
+        rows = (lengths == 0).nonzero().flatten().tolist()
+        raise ValueError(f"rows {rows[:5]} have no masked token: a sequence-level ratio needs at least one")
+    sequence = masked_sum(token, mask, dim=-1) / lengths  # log s_i, (B,)
+    if importance_sampling_level == "sequence":
+        return sequence[:, None].expand_as(logp)
+    return torch.where(mask, logp - logp.detach() + sequence.detach()[:, None], zero)
+
+
+def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, epsilon: float,
+                      epsilon_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO-Clip's per-token loss (eq-ppo-clip), −min(ρA, clip(ρ, 1 − ε, 1 + ε_high)·A), all (B, T), and where
+    the clip removes the gradient: ``(loss, low, high)`` with ``low`` = ρ < 1 − ε and A < 0, ``high`` = ρ > 1 +
+    ε_high and A > 0 (TRL's ``clip_ratio/low`` and ``/high``). ε_high > ε is DAPO's clip-higher."""
+    clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
+    loss = -torch.minimum(ratio * advantages, clipped * advantages)
+    low = (ratio < 1 - epsilon) & (advantages < 0)
+    high = (ratio > 1 + epsilon_high) & (advantages > 0)
+    return loss, low, high
+
+
+def gmpo_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, epsilon: float,
+                   epsilon_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GMPO's loss per completion (eq-gmpo-objective), (B,), with its clip indicators (B, T).
+
+    Per row, Δ_t = log ρ_t is clipped in log space by the sign of the row's advantage A_i (A > 0: min(Δ, clip(Δ,
+    −ε, ε_high)); A ≤ 0: max(Δ, clip(Δ, −ε, ε_high))), and the loss is −A_i · exp(Σ_t m Δ̃_t / |o_i|): the
+    advantage times the *geometric* mean of the clipped token ratios. ε is in log space (0.4 in GMPO)."""
+    row_advantage = masked_mean(advantages, mask, dim=-1)  # constant over a row for the group methods
+    positive = (row_advantage > 0)[:, None]
+    clipped = torch.clamp(log_ratio, -epsilon, epsilon_high)
+    delta = torch.where(positive, torch.minimum(log_ratio, clipped), torch.maximum(log_ratio, clipped))
+    geometric_mean_ratio = torch.exp(masked_sum(delta, mask, dim=-1) / mask.sum(-1))
+    low = (log_ratio < -epsilon) & ~positive
+    high = (log_ratio > epsilon_high) & positive
+    return -row_advantage * geometric_mean_ratio, low, high
+
+
+def completion_token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``loss_type="grpo"`` (eq-grpo-objective): each completion's token mean, averaged over completions,
+    mean_i Σ_t m ℓ / |o_i|. Every completion weighs the same, so a token of a long one weighs less (f_i =
+    1/(B|o_i|))."""
+    lengths = mask.sum(-1).clamp(min=1)
+    return (masked_sum(per_token, mask, dim=-1) / lengths).mean()
+
+
+def token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``loss_type="bnpo"`` (PPO's token mean): Σ m ℓ / Σ m over the batch this call sees (a micro-batch under
+    gradient accumulation, so it is a mean of micro-batch means)."""
+    return masked_sum(per_token, mask) / mask.sum().clamp(min=1)
+
+
+def constant_normaliser(per_token: torch.Tensor, mask: torch.Tensor,
+                        max_completion_length: int | None) -> torch.Tensor:
+    """``loss_type="dr_grpo"`` (Dr. GRPO, eq-drgrpo-weights): Σ m ℓ / (B · L_max), a constant that does not
+    depend on any completion's length (``max_completion_length`` defaults to the padded length T)."""
+    length = per_token.shape[1] if max_completion_length is None else max_completion_length
+    if length < per_token.shape[1]:
+        raise ValueError(f"max_completion_length {length} is shorter than the completions' padded length "
+                         f"{per_token.shape[1]}")
+    return masked_sum(per_token, mask) / (per_token.shape[0] * length)
+
+
+def global_token_mean(per_token: torch.Tensor, mask: torch.Tensor,
+                      num_items_in_batch: int | float | torch.Tensor | None) -> torch.Tensor:
+    """``loss_type="dapo"`` (DAPO's token-level loss, eq-dapo-objective): Σ m ℓ / ``num_items_in_batch``, the token
+    count of the *whole* optimizer batch (default: Σ m, this call's), so that the gradients of its micro-batches
+    sum to the gradient of one global token mean: no further division under gradient accumulation."""
+    count = mask.sum() if num_items_in_batch is None else num_items_in_batch
+    if not count > 0:
+        raise ValueError(f"num_items_in_batch must be positive, got {count}")
+    return masked_sum(per_token, mask) / count
+
+
+def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, *,
+                   max_completion_length: int | None = None, num_items_in_batch=None,
+                   gradient_accumulation_steps: int = 1) -> torch.Tensor:
+    """Reduce the (B, T) token losses of one micro-batch to the scalar whose gradient is accumulated.
+
+    ``loss_type`` picks :func:`completion_token_mean` ("grpo"), :func:`token_mean` ("bnpo"),
+    :func:`constant_normaliser` ("dr_grpo") or :func:`global_token_mean` ("dapo"). The first three are means
+    over the micro-batch, divided by ``gradient_accumulation_steps`` so that the accumulated gradient is their
+    average; "dapo" already divides by the whole batch's token count. ("gmpo" has its own per-completion loss,
+    :func:`gmpo_surrogate`, and is averaged like "grpo".)"""
+    if loss_type == "dapo":
+        return global_token_mean(per_token, mask, num_items_in_batch)
+    if loss_type in ("grpo", "gmpo"):
+        loss = completion_token_mean(per_token, mask)
+    elif loss_type == "bnpo":
+        loss = token_mean(per_token, mask)
+    elif loss_type == "dr_grpo":
+        loss = constant_normaliser(per_token, mask, max_completion_length)
+    else:
+        raise ValueError(f"unknown loss_type {loss_type!r}; choose one of {LOSS_TYPES}")
+    return loss / gradient_accumulation_steps
 
 
 def policy_loss(
@@ -383,53 +505,80 @@ def policy_loss(
     loss_type: str = "bnpo",
     max_completion_length: int | None = None,
     num_items_in_batch: int | float | None = None,
+    gradient_accumulation_steps: int = 1,
     beta: float = 0.0,
     ref_logp: torch.Tensor | None = None,
     importance_sampling_level: str = "token",
     response_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The clipped surrogate (PPO-Clip) with an optional in-loss KL term, aggregated as ``loss_type``.
+    """The family's objective (eq-family-surrogate) for one micro-batch: ratio, clipped surrogate, the in-loss
+    KL, the response weights, the aggregation. Returns ``(loss, metrics)``.
 
-    Per token, with ρ = exp(logp − old_logp) and ε_high = ε unless given:
+    Per token, with ρ from :func:`log_ratio` at ``importance_sampling_level`` and ε_high = ε unless given:
 
-        ℓ_t = −min(ρ_t A_t, clip(ρ_t, 1 − ε, 1 + ε_high) A_t) + β · k3_t(π ‖ π_ref)
+        ℓ_t = −min(ρ_t A_t, clip(ρ_t, 1 − ε, 1 + ε_high) A_t) + β · k3_t(π ‖ π_ref)     (:func:`clipped_surrogate`)
 
     ``advantages`` are per token (B, T) (PPO with GAE) or per completion (B,) (the group methods), broadcast over
-    tokens. Aggregation over the masked tokens, named as in TRL:
+    tokens. ``response_weights`` (B,) ≥ 0 (λ-GRPO) multiply every token loss of row i by f_i; gradients flow into
+    them. :func:`aggregate_loss` then reduces by ``loss_type`` ("grpo", "bnpo", "dr_grpo", "dapo"), dividing by
+    ``gradient_accumulation_steps`` where the aggregation is a micro-batch mean. ``loss_type="gmpo"`` replaces the
+    token terms by :func:`gmpo_surrogate` (+ β · the row's mean k3), averaged over rows; not with response weights.
 
-    - ``"grpo"``: mean over rows of Σ_t m ℓ / max(|o_i|, 1) (each completion weighs the same);
-    - ``"bnpo"``: Σ m ℓ / max(Σ m, 1) (a token mean over this batch);
-    - ``"dr_grpo"``: Σ m ℓ / (B · max_completion_length) (a constant; ``max_completion_length`` defaults to T);
-    - ``"dapo"``: Σ m ℓ / num_items_in_batch, where ``num_items_in_batch`` (default Σ m) is the token count of the
-      *whole* batch when this call sees one micro-batch of it, so that summed micro-batch gradients equal the
-      gradient of the global token mean.
-
-    ``importance_sampling_level`` (TRL's name) chooses the ratio:
-
-    - ``"token"``: ρ_t = exp(logp_t − old_logp_t), one per token (PPO, GRPO, DAPO);
-    - ``"sequence"`` (GSPO): s_i = exp(Σ_t m (logp − old_logp) / |o_i|) for every token of row i, the geometric
-      mean of the token ratios, with the gradient flowing through the mean;
-    - ``"sequence_token"`` (GSPO-token): w_t = exp(logp_t − sg(logp_t) + sg(log s_i)): the value s_i, the gradient
-      of logp_t scaled by s_i; with a per-completion advantage it equals ``"sequence"`` in value and gradient.
-
-    ``loss_type="gmpo"`` (GMPO) replaces the arithmetic mean of clipped token ratios by a geometric one: per row,
-    Δ_t = logp_t − old_logp_t is clipped in log space, by the sign of the row's advantage A_i (A > 0:
-    min(Δ, clip(Δ, −ε, ε_high)); A ≤ 0: max(Δ, clip(Δ, −ε, ε_high))), and the loss is
-    mean_i(−A_i · exp(Σ_t m Δ̃_t / |o_i|)) (+ β · mean_i of the row's mean k3). Here ε is in log space (0.4 in GMPO).
-    Sequence-level ratios and GMPO need at least one token in every row.
-
-    ``response_weights`` (B,) ≥ 0 (λ-GRPO) multiply every token's loss of row i by f_i before the aggregation:
-    with ``loss_type="dapo"`` the loss is Σ_i f_i Σ_t m ℓ_{i,t} / ``num_items_in_batch``, and with
-    ``num_items_in_batch=1`` the bare Σ_i f_i Σ_t m ℓ_{i,t}, the one formula of which GRPO (f_i = 1/(B|o_i|)),
-    DAPO (f_i = 1/Σ_j |o_j|) and Dr. GRPO (f_i = 1/(B · L_max)) are special cases. Gradients flow into the
-    weights (λ-GRPO learns its λ through them). Not with ``"gmpo"``.
-
-    Returns ``(loss, metrics)``; the metrics are detached floats over the masked tokens: ``clip_frac_low``
-    (ρ < 1 − ε with A < 0), ``clip_frac_high`` (ρ > 1 + ε_high with A > 0), ``clip_frac`` (their sum: the tokens
-    whose gradient the clip removes), ``approx_kl`` (k3 estimate of KL(π_old ‖ π_θ)), ``ratio_min/max/mean``, and
-    ``kl_ref`` (mean k3 to the reference) when β > 0.
+    The metrics are detached floats over the masked tokens, named as TRL names them: ``clip_ratio/low_mean``,
+    ``clip_ratio/high_mean``, ``clip_ratio/region_mean`` (the tokens whose gradient the clip removes), ``kl``
+    (mean k3 to the reference, when β > 0); and ``approx_kl`` (k3 estimate of KL(π_old ‖ π_θ), as CleanRL logs it),
+    ``ratio/min``, ``ratio/max``, ``ratio/mean``.
     """
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_type, importance_sampling_level, beta,
+                            ref_logp, response_weights)
+    mask = mask.bool()
+    if advantages.shape == logp.shape[:1]:
+        advantages = advantages[:, None].expand_as(logp)
+    elif advantages.shape != logp.shape:
+        raise ValueError(f"advantages must be (B,) = ({logp.shape[0]},) or (B, T) = {tuple(logp.shape)}, "
+                         f"got {tuple(advantages.shape)}")
+    _check_finite("advantages", advantages, mask)
+
+    log_rho = log_ratio(logp, old_logp, mask, importance_sampling_level)
+    if loss_type == "gmpo" and not bool((mask.sum(-1) > 0).all()):
+        rows = (mask.sum(-1) == 0).nonzero().flatten().tolist()
+        raise ValueError(f"rows {rows[:5]} have no masked token: GMPO's geometric mean needs at least one")
+    ratio = torch.exp(log_rho)
+    kl_ref = kl_estimate(logp, torch.where(mask, ref_logp, logp)) if beta > 0 else None
+    if loss_type == "gmpo":
+        per_row, low, high = gmpo_surrogate(log_rho, advantages, mask, epsilon, epsilon_high)
+        loss = per_row.mean()
+        if beta > 0:
+            loss = loss + beta * masked_mean(kl_ref, mask, dim=-1).mean()
+        loss = loss / gradient_accumulation_steps
+    else:
+        per_token, low, high = clipped_surrogate(ratio, advantages, epsilon, epsilon_high)
+        if beta > 0:
+            per_token = per_token + beta * kl_ref
+        if response_weights is not None:
+            per_token = per_token * response_weights[:, None]
+        loss = aggregate_loss(per_token, mask, loss_type, max_completion_length=max_completion_length,
+                              num_items_in_batch=num_items_in_batch,
+                              gradient_accumulation_steps=gradient_accumulation_steps)
+
+    with torch.no_grad():
+        metrics = {
+            "clip_ratio/low_mean": masked_mean(low.float(), mask).item(),
+            "clip_ratio/high_mean": masked_mean(high.float(), mask).item(),
+            "clip_ratio/region_mean": masked_mean((low | high).float(), mask).item(),
+            "approx_kl": masked_mean(kl_estimate(old_logp, torch.where(mask, logp, old_logp)), mask).item(),
+            "ratio/min": ratio[mask].min().item(),
+            "ratio/max": ratio[mask].max().item(),
+            "ratio/mean": masked_mean(ratio, mask).item(),
+        }
+        if beta > 0:
+            metrics["kl"] = masked_mean(kl_ref, mask).item()
+    return loss, metrics
+
+
+def _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_type, importance_sampling_level, beta,
+                            ref_logp, response_weights) -> None:
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"unknown loss_type {loss_type!r}; choose one of {LOSS_TYPES}")
     if not epsilon > 0 or not epsilon_high > 0:
@@ -444,23 +593,15 @@ def policy_loss(
     _check_same_shape(logp=logp, old_logp=old_logp, mask=mask)
     if logp.dim() != 2:
         raise ValueError(f"logp, old_logp and mask must be (B, T), got shape {tuple(logp.shape)}")
-    mask = mask.bool()
-    if not bool(mask.any()):
+    if not bool(mask.bool().any()):
         raise ValueError("the loss mask is all zero: there is no completion token to learn from")
-    if advantages.shape == logp.shape[:1]:
-        advantages = advantages[:, None].expand_as(logp)
-    elif advantages.shape != logp.shape:
-        raise ValueError(f"advantages must be (B,) = ({logp.shape[0]},) or (B, T) = {tuple(logp.shape)}, "
-                         f"got {tuple(advantages.shape)}")
     _check_finite("logp", logp, mask)
     _check_finite("old_logp", old_logp, mask)
-    _check_finite("advantages", advantages, mask)
     if beta > 0:
         if ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp, the reference policy's log-probs of the same tokens")
         _check_same_shape(logp=logp, ref_logp=ref_logp)
         _check_finite("ref_logp", ref_logp, mask)
-
     if response_weights is not None:
         if loss_type == "gmpo":
             raise ValueError("response_weights weigh token losses; GMPO's loss is per row (use another loss_type)")
@@ -469,105 +610,30 @@ def policy_loss(
         if not bool(torch.isfinite(response_weights).all()) or bool((response_weights < 0).any()):
             raise ValueError(f"response_weights must be finite and >= 0, got {response_weights.tolist()[:8]}")
 
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    log_ratio = torch.where(mask, logp - old_logp, zero)  # padding may hold garbage: keep it out of exp
-    lengths = mask.sum(-1)
-    if (importance_sampling_level != "token" or loss_type == "gmpo") and not bool((lengths > 0).all()):
-        rows = (lengths == 0).nonzero().flatten().tolist()
-        raise ValueError(f"rows {rows[:5]} have no masked token: a sequence-level ratio needs at least one")
-    if importance_sampling_level == "sequence":
-        log_ratio = (masked_sum(log_ratio, mask, dim=-1) / lengths)[:, None].expand_as(logp)
-    elif importance_sampling_level == "sequence_token":
-        sequence = (masked_sum(log_ratio, mask, dim=-1) / lengths).detach()
-        log_ratio = torch.where(mask, logp - logp.detach() + sequence[:, None], zero)
-    ratio = torch.exp(log_ratio)
-    kl_ref = kl_estimate(logp, torch.where(mask, ref_logp, logp)) if beta > 0 else None
-    if loss_type == "gmpo":
-        loss, low, high = _gmpo_loss(log_ratio, advantages, mask, epsilon, epsilon_high)
-        if beta > 0:
-            loss = loss + beta * masked_mean(kl_ref, mask, dim=-1).mean()
-    else:
-        clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
-        per_token = -torch.minimum(ratio * advantages, clipped * advantages)
-        if beta > 0:
-            per_token = per_token + beta * kl_ref
-        if response_weights is not None:
-            per_token = per_token * response_weights[:, None]
-        loss = _aggregate(per_token, mask, loss_type, max_completion_length, num_items_in_batch)
-        low = (ratio < 1 - epsilon) & (advantages < 0)
-        high = (ratio > 1 + epsilon_high) & (advantages > 0)
-
-    with torch.no_grad():
-        metrics = {
-            "clip_frac_low": masked_mean(low.float(), mask).item(),
-            "clip_frac_high": masked_mean(high.float(), mask).item(),
-            "clip_frac": masked_mean((low | high).float(), mask).item(),
-            "approx_kl": masked_mean(kl_estimate(old_logp, torch.where(mask, logp, old_logp)), mask).item(),
-            "ratio_min": ratio[mask].min().item(),
-            "ratio_max": ratio[mask].max().item(),
-            "ratio_mean": masked_mean(ratio, mask).item(),
-        }
-        if beta > 0:
-            metrics["kl_ref"] = masked_mean(kl_ref, mask).item()
-    return loss, metrics
-
-
-def _gmpo_loss(log_ratio, advantages, mask, epsilon, epsilon_high):
-    """GMPO's loss (see :func:`policy_loss`) and its clip indicators (log space), per token (B, T)."""
-    row_advantage = masked_mean(advantages, mask, dim=-1)  # constant over a row for the group methods
-    positive = (row_advantage > 0)[:, None]
-    clipped = torch.clamp(log_ratio, -epsilon, epsilon_high)
-    delta = torch.where(positive, torch.minimum(log_ratio, clipped), torch.maximum(log_ratio, clipped))
-    geometric_mean_ratio = torch.exp(masked_sum(delta, mask, dim=-1) / mask.sum(-1))
-    loss = (-row_advantage * geometric_mean_ratio).mean()
-    low = (log_ratio < -epsilon) & ~positive
-    high = (log_ratio > epsilon_high) & positive
-    return loss, low, high
-
-
-def _aggregate(per_token, mask, loss_type, max_completion_length, num_items_in_batch) -> torch.Tensor:
-    """Reduce the (B, T) per-token loss to a scalar with ``loss_type``'s denominator (see :func:`policy_loss`)."""
-    if loss_type == "grpo":
-        lengths = mask.sum(-1).clamp(min=1)
-        return (masked_sum(per_token, mask, dim=-1) / lengths).mean()
-    total = masked_sum(per_token, mask)
-    if loss_type == "bnpo":
-        return total / mask.sum().clamp(min=1)
-    if loss_type == "dr_grpo":
-        length = per_token.shape[1] if max_completion_length is None else max_completion_length
-        if length < per_token.shape[1]:
-            raise ValueError(f"max_completion_length {length} is shorter than the completions' padded length "
-                             f"{per_token.shape[1]}")
-        return total / (per_token.shape[0] * length)
-    count = mask.sum() if num_items_in_batch is None else num_items_in_batch
-    if not count > 0:
-        raise ValueError(f"num_items_in_batch must be positive, got {count}")
-    return total / count
-
 
 def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,
     returns: torch.Tensor,
     mask: torch.Tensor,
-    clip_range_value: float | None = None,
+    cliprange_value: float | None = None,
 ) -> torch.Tensor:
-    """½ · masked mean of max((V − R)², (clip(V, V_old − c, V_old + c) − R)²), all (B, T).
+    """½ · masked mean of max((V − R)², (clip(V, V_old − c, V_old + c) − R)²), all (B, T) (eq-ppo-value-loss).
 
-    The clipped branch (PPO's value clipping, c = ``clip_range_value``) stops the value model from moving far
-    from the values it had when the rollout was scored; ``None`` gives the plain ½ (V − R)².
+    The clipped branch (PPO's value clipping, c = ``cliprange_value``, TRL's name) stops the value model from moving
+    far from the values it had when the rollout was scored; ``None`` gives the plain ½ (V − R)².
     """
     _check_same_shape(values=values, old_values=old_values, returns=returns, mask=mask)
     mask = mask.bool()
     if not bool(mask.any()):
         raise ValueError("the value-loss mask is all zero: there is no token to fit")
-    if clip_range_value is not None and not clip_range_value > 0:
-        raise ValueError(f"clip_range_value must be positive or None, got {clip_range_value}")
+    if cliprange_value is not None and not cliprange_value > 0:
+        raise ValueError(f"cliprange_value must be positive or None, got {cliprange_value}")
     for name, tensor in (("values", values), ("old_values", old_values), ("returns", returns)):
         _check_finite(name, tensor, mask)
     squared = (values - returns) ** 2
-    if clip_range_value is not None:
-        clipped = old_values + (values - old_values).clamp(-clip_range_value, clip_range_value)
+    if cliprange_value is not None:
+        clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
         squared = torch.maximum(squared, (clipped - returns) ** 2)
     return 0.5 * masked_mean(squared, mask)
 

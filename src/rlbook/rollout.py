@@ -31,6 +31,7 @@ from rlbook.lm import lean
 from rlbook.lm.device import resolve_device
 from rlbook.lm.model import position_ids_from_mask
 from rlbook.lm.tokenizer import check_tokenizer
+from rlbook.metrics import entropy_from_log_probs
 
 
 @dataclass
@@ -48,6 +49,8 @@ class RolloutBatch:
     - ``completion_mask`` (B, T) long: 1 up to and including the first EOS, 0 after it; all ones if no EOS;
     - ``logprobs`` (B, T) float32: ``log pi(o_t | q, o_<t)`` of each sampled token under the sampling policy at the
       sampling temperature, ``log_softmax(logits / temperature)``; 0 where ``completion_mask`` is 0;
+    - ``entropies`` (B, T) float32: the entropy (nats) of that whole next-token distribution at each step, the
+      ``entropy`` metric TRL logs; 0 where ``completion_mask`` is 0;
     - ``lengths`` (B,) long: ``completion_mask.sum(-1)``, the number of completion tokens, EOS included;
     - ``truncated`` (B,) bool: no EOS within ``max_new_tokens`` (TRL logs their fraction as ``clipped_ratio``).
     """
@@ -57,6 +60,7 @@ class RolloutBatch:
     completion_ids: torch.Tensor
     completion_mask: torch.Tensor
     logprobs: torch.Tensor
+    entropies: torch.Tensor
     lengths: torch.Tensor
     truncated: torch.Tensor
     num_generations: int
@@ -132,6 +136,7 @@ def concat_rollouts(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBa
         completion_ids=torch.cat([pad(b.completion_ids, T, pad_token_id, False) for b in batches]),
         completion_mask=torch.cat([pad(b.completion_mask, T, 0, False) for b in batches]),
         logprobs=torch.cat([pad(b.logprobs, T, 0.0, False) for b in batches]),
+        entropies=torch.cat([pad(b.entropies, T, 0.0, False) for b in batches]),
         lengths=torch.cat([b.lengths for b in batches]),
         truncated=torch.cat([b.truncated for b in batches]),
         num_generations=batches[0].num_generations,
@@ -204,6 +209,7 @@ def generate_rollouts(
     completion_ids = torch.full((B, T), pad_id, dtype=torch.long, device=device)
     completion_mask = torch.zeros((B, T), dtype=torch.long, device=device)
     logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)
+    entropies = torch.zeros((B, T), dtype=torch.float32, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)  # has the row emitted EOS yet?
     # Llama/Qwen2 run through rlbook.lm.lean (the same function over the same weights, without the per-call
     # overhead of the Hugging Face modules, which dominates at these sizes); any other model through its forward.
@@ -242,12 +248,14 @@ def generate_rollouts(
             else:
                 probs = F.softmax(_filter_top_k_top_p(scores, top_k, top_p), dim=-1)
                 token = _sample(probs, generator)  # (b,)
-            token_logprob = scores.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)  # untruncated, see above
+            log_probs = scores.log_softmax(-1)  # (b, V), untruncated: see above
+            token_logprob = log_probs.gather(-1, token[:, None]).squeeze(-1)
 
             alive = ~done[rows]  # still generating: this token is part of the completion (EOS included)
             completion_ids[rows, t] = torch.where(alive, token, pad_id)
             completion_mask[rows, t] = alive.long()
             logprobs[rows, t] = torch.where(alive, token_logprob, 0.0)
+            entropies[rows, t] = torch.where(alive, entropy_from_log_probs(log_probs), 0.0)
             done[rows] = ~alive | (token == eos_id)
             steps = t + 1
             num_alive = int((~done[rows]).sum())  # one host-device sync per step, as in generate()
@@ -276,6 +284,7 @@ def generate_rollouts(
         completion_ids=completion_ids[:, :steps],
         completion_mask=completion_mask,
         logprobs=logprobs[:, :steps],
+        entropies=entropies[:, :steps],
         lengths=completion_mask.sum(-1),
         truncated=~done,
         num_generations=num_generations,

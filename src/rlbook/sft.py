@@ -80,11 +80,13 @@ def reached_target(history: SFTHistory, config: SFTConfig) -> bool:
 
 
 @torch.no_grad()
-def sampled_accuracy(model, tokenizer, task: Task, examples, max_new_tokens: int, seed: int) -> float:
-    """Fraction of ``examples`` answered correctly by one sample each at temperature 1 (the RL behaviour policy)."""
+def sampled_accuracy(model, tokenizer, task: Task, examples, max_new_tokens: int, seed: int,
+                     temperature: float = 1.0) -> float:
+    """Fraction of ``examples`` answered correctly by one sample each at ``temperature`` (default 1, the RL
+    behaviour policy's)."""
     with autocast(next(model.parameters()).device):
         batch = generate_rollouts(model, tokenizer, [e.prompt for e in examples], max_new_tokens=max_new_tokens,
-                                  temperature=1.0, seed=seed)
+                                  temperature=temperature, seed=seed)
     rewards = task.rewards(examples, batch.decode_completions(tokenizer), batch.truncated.tolist())
     return float(np.mean(rewards == task.correct_reward))
 

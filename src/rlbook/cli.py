@@ -1,0 +1,198 @@
+"""``rlbook train``: one algorithm of the book on one task, from a terminal.
+
+    rlbook train --algo grpo --task arithmetic --max-steps 100 --seed 0 --output-dir runs/grpo
+    rlbook train --algo dapo --task sort_scratchpad --max-steps 200 --output-dir runs/dapo --set learning_rate=3e-4
+    rlbook train ... --output-dir runs/dapo --resume          # continue from the last checkpoint in runs/dapo
+
+It starts from the task's shipped base policy (``--model-size`` builds a fresh, untrained model of that size
+instead), shows a progress bar, appends one JSON object per step (``step`` and the metrics of
+:data:`rlbook.metrics.METRICS`) to ``DIR/metrics.jsonl``, and saves a checkpoint ``DIR/checkpoint-<step>`` every
+``--save-steps`` steps and at the end. Bad input gets one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: the models are built from local configs
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of argparse's usage block
+        raise UsageError(f"{self.prog}: {message} (see --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from rlbook.checkpoints import RECIPES
+    from rlbook.lm import MODEL_SIZES
+    from rlbook.presets import PRESETS
+
+    parser = _Parser(prog="rlbook", description="The package beside the book 'Reinforcement Learning from "
+                                                "Q-learning to the GRPO family'.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+    train = commands.add_parser(
+        "train", help="train a policy with one algorithm of the book",
+        description="Train a policy with one preset of rlbook.presets on one task, from the task's shipped base "
+                    "policy.",
+        epilog=f"presets: {', '.join(PRESETS)}\ntasks (shipped base policies): {', '.join(RECIPES)}\n"
+               f"--set takes any RLConfig field (python -c 'import rlbook.presets as p; help(p.RLConfig)').",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    train.add_argument("--algo", required=True, metavar="PRESET", help=f"one of: {', '.join(PRESETS)}")
+    train.add_argument("--task", required=True, metavar="NAME", help=f"one of: {', '.join(RECIPES)}")
+    train.add_argument("--model-size", metavar="SIZE", default=None,
+                       help=f"a fresh, untrained model of this size ({', '.join(MODEL_SIZES)}) instead of the "
+                            "task's base policy")
+    train.add_argument("--max-steps", type=int, required=True, metavar="N")
+    train.add_argument("--seed", type=int, default=0, metavar="S")
+    train.add_argument("--output-dir", required=True, type=Path, metavar="DIR")
+    train.add_argument("--save-steps", type=int, default=None, metavar="K",
+                       help="save a checkpoint every K steps (always at the end)")
+    train.add_argument("--resume", action="store_true", help="continue the run in DIR from its last checkpoint")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                       help="override one RLConfig field, e.g. --set learning_rate=3e-4 (repeatable)")
+    train.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``["key=value", ...]`` -> ``{key: value}``, each value converted to its :class:`RLConfig` field's type."""
+    from rlbook.presets import check_keys, config_fields
+
+    fields = config_fields()
+    out = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            check_keys({key: None})
+        except ValueError as error:
+            raise UsageError(f"--set {item}: {error}") from None
+        out[key] = _convert(key, text.strip(), str(fields[key].type))
+    return out
+
+
+def _convert(key: str, text: str, annotation: str):
+    """``text`` as the type named by ``annotation`` (``"int"``, ``"float | None"``, ``"bool"``, ``"str"``...)."""
+    kinds = [part.strip() for part in annotation.split("|")]
+    if "None" in kinds and text.lower() in ("none", "null"):
+        return None
+    kind = next(k for k in kinds if k != "None")
+    try:
+        if kind == "bool":
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return text.lower() in ("true", "1", "yes")
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            return float(text)
+        return text
+    except ValueError:
+        raise UsageError(f"--set {key}={text}: expected {annotation.replace('None', 'none')}") from None
+
+
+def train(args) -> int:
+    from rlbook.callbacks import CheckpointSaver, MetricsLogger
+    from rlbook.checkpoints import RECIPES, load_base_policy
+    from rlbook.lm import MODEL_SIZES, build_model
+    from rlbook.presets import PRESETS, preset
+    from rlbook.trainer import Trainer
+
+    if args.algo not in PRESETS:
+        raise UsageError(f"unknown preset {args.algo!r}; choose one of: {', '.join(PRESETS)}")
+    if args.task not in RECIPES:
+        raise UsageError(f"unknown task {args.task!r}; choose one of: {', '.join(RECIPES)}")
+    if args.model_size is not None and args.model_size not in MODEL_SIZES:
+        raise UsageError(f"unknown model size {args.model_size!r}; choose one of: {', '.join(MODEL_SIZES)}")
+    if args.max_steps < 1 or (args.save_steps is not None and args.save_steps < 1):
+        raise UsageError(f"--max-steps and --save-steps must be >= 1, got {args.max_steps} and {args.save_steps}")
+    recipe = RECIPES[args.task]
+    overrides = parse_overrides(args.overrides)
+    try:
+        config = preset(args.algo, **{"max_completion_length": recipe.sft.max_new_tokens, **overrides},
+                        max_steps=args.max_steps, seed=args.seed)
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"bad configuration: {error}") from None
+
+    out = args.output_dir
+    run = {"algo": args.algo, "task": args.task, "model_size": args.model_size, "seed": args.seed,
+           "overrides": overrides, "config": dataclasses.asdict(config)}
+    checkpoints = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])) if out.is_dir() else []
+    if args.resume:
+        if not checkpoints:
+            raise UsageError(f"--resume: {out} holds no checkpoint-<step> folder to resume from")
+        if not (out / "run.json").is_file():
+            raise UsageError(f"--resume: {out} has checkpoints but no run.json: it was not written by rlbook train")
+        stored = json.loads((out / "run.json").read_text())
+        mismatch = sorted(k for k in ("algo", "task", "model_size", "seed")
+                          if stored[k] != run[k]) + sorted(
+            k for k in run["config"] if k != "max_steps" and stored["config"].get(k) != run["config"][k])
+        if mismatch:
+            raise UsageError(f"--resume: the run in {out} was made with other settings (differs in {mismatch})")
+    elif out.exists() and any(out.iterdir()):
+        raise UsageError(f"{out} already holds a run; pass --resume to continue it or choose another --output-dir")
+    out.mkdir(parents=True, exist_ok=True)
+
+    import torch
+
+    torch.set_num_threads(1)  # the book's tiny models run fastest on one thread
+    if args.model_size is None:
+        model, tokenizer = load_base_policy(args.task, device=args.device)
+    else:
+        from rlbook.lm import build_tokenizer
+
+        tokenizer = build_tokenizer()
+        model = build_model(args.model_size, seed=args.seed, tokenizer=tokenizer, device=args.device)
+    trainer = Trainer(model, tokenizer, recipe.make_task(), config)
+    metrics_path = out / "metrics.jsonl"
+    if args.resume:
+        try:
+            trainer.resume(checkpoints[-1])
+        except ValueError as error:
+            raise UsageError(f"--resume: {error}") from None
+        kept = [line for line in metrics_path.read_text().splitlines() if json.loads(line)["step"] <= trainer.step] \
+            if metrics_path.exists() else []
+        metrics_path.write_text("".join(line + "\n" for line in kept))  # drop steps logged after the checkpoint
+        print(f"resumed {out} at step {trainer.step}", file=sys.stderr)
+    else:
+        (out / "run.json").write_text(json.dumps(run, indent=1) + "\n")
+    trainer.callbacks += [MetricsLogger(metrics_path), CheckpointSaver(out, args.save_steps or args.max_steps)]
+    trainer.train(args.max_steps - trainer.step, progress=not args.no_progress)
+    if not (out / f"checkpoint-{trainer.step}").exists():
+        trainer.save_checkpoint(out / f"checkpoint-{trainer.step}")
+    last = trainer.history[-1] if trainer.history else {}
+    print(f"done: {trainer.step} steps, reward {last.get('reward', float('nan')):.4g}, "
+          f"metrics in {metrics_path}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "train":
+            return train(args)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

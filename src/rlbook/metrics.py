@@ -1,0 +1,101 @@
+"""What the trainer logs: :data:`METRICS` explains every key, and the few metrics that need a definition live here.
+
+Keys are TRL's where TRL logs the same quantity (``reward``, ``reward_std``, ``frac_reward_zero_std``,
+``completions/mean_length``, ``completions/clipped_ratio``, ``entropy``, ``clip_ratio/low_mean``, ``kl``, ...;
+``objective/kl`` is TRL's PPO name), CleanRL's for ``approx_kl`` and ``explained_variance``. A key with a slash
+groups related numbers. A test fails when the trainer logs a key that is not in this table (callbacks document
+the keys they add in their own ``metrics`` attribute).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlbook.objectives import masked_mean
+
+METRICS: dict[str, str] = {
+    # --- the step
+    "step": "optimizer-update rounds done so far (one rollout each), counted from 1",
+    "reward": "mean reward of the step's completions, after shaping (DAPO's overlong penalty), before any KL penalty",
+    "reward_std": "standard deviation of those rewards over the step's completions (numpy's, ddof = 0)",
+    "accuracy": "fraction of the step's completions the task's rule calls correct, whatever reward_fn gave "
+                "(the gold metric when a reward model gives the reward)",
+    "frac_reward_zero_std": "fraction of groups whose G rewards are all equal (no signal for a group baseline); "
+                            "with dynamic sampling, measured on the first generation round, before filtering",
+    "completions/mean_length": "mean completion length in tokens (EOS included) of the step's completions",
+    "completions/min_length": "shortest completion of the step, in tokens",
+    "completions/max_length": "longest completion of the step, in tokens",
+    "completions/clipped_ratio": "fraction of completions cut at max_completion_length without an EOS (truncated)",
+    "entropy": "mean per-token entropy (nats) of the sampling distribution softmax(logits / temperature) over the "
+               "step's completion tokens: the true entropy of the whole next-token distribution, computed by the "
+               "sampler, not the one-sample estimate -log pi(o_t)",
+    # --- the reference policy (beta > 0)
+    "kl": "mean per-token k3 estimate of KL(pi_theta || pi_ref), computed in the loss (TRL GRPO's kl); logged "
+          "with kl_placement='loss'",
+    "objective/kl": "mean over completions of the summed per-token k1 = log pi_old - log pi_ref of the rollout: the "
+                    "KL per completion that the adaptive controller aims at (TRL PPO's objective/kl)",
+    "objective/kl_per_token": "the same k1, averaged over completion tokens instead of summed",
+    "beta": "the KL coefficient used this step (it moves under adaptive_kl_target)",
+    # --- advantages and the critic
+    "explained_variance": "1 - Var(R - V) / Var(R) over the completion tokens, R the value targets and V the value "
+                          "model's estimates before the update (both variances centred): 1 a perfect critic, 0 no "
+                          "better than a constant, negative worse",
+    "vapo/lam_policy": "mean over completions of the policy's GAE lambda (VAPO's length-adaptive 1 - 1/(alpha l))",
+    "gfpo/kept_mean_length": "mean length in tokens of the completions GFPO's filter kept",
+    "dynamic_sampling/rounds": "generation rounds DAPO's dynamic sampling needed to fill the batch",
+    "dynamic_sampling/groups": "groups with unequal rewards the update trained on (fewer than the prompts per step "
+                               "when the rounds ran out)",
+    # --- the update (means over the step's micro-batches unless said)
+    "loss/policy": "the policy loss of a micro-batch as aggregated by loss_type (the KL term included when in the "
+                   "loss), averaged over micro-batches",
+    "loss/nll": "VAPO's token-mean negative log-likelihood of the correct completions",
+    "loss/value": "the value loss 0.5 (V - R)^2 (clipped by cliprange_value), token mean",
+    "clip_ratio/low_mean": "fraction of completion tokens with rho < 1 - epsilon and A < 0: the clip removes their "
+                           "gradient (TRL's name)",
+    "clip_ratio/high_mean": "fraction with rho > 1 + epsilon_high and A > 0 (TRL's name)",
+    "clip_ratio/region_mean": "fraction of tokens whose gradient the clip removes: the sum of the two above",
+    "approx_kl": "k3 estimate of KL(pi_old || pi_theta) over the micro-batch's tokens: how far the update has moved "
+                 "the policy from the one that sampled (CleanRL's approx_kl)",
+    "ratio/min": "smallest importance ratio rho seen over the step's micro-batches (at the ratio level in use)",
+    "ratio/max": "largest importance ratio rho seen over the step's micro-batches",
+    "ratio/mean": "mean importance ratio over the tokens of the step's micro-batches",
+    "grad_norm": "norm of the gradient before clipping at max_grad_norm, averaged over the step's optimizer steps",
+    "optimizer_steps": "optimizer steps taken on this step's rollout",
+    "early_stopped": "1 when early_stop_kl ended the rollout's updates before the last pass, else 0",
+    "lambda_grpo/lambda": "lambda-GRPO's learnable exponent lambda after the step",
+    # --- timing and evaluation
+    "time/generate": "seconds spent sampling completions this step (reward calls excluded)",
+    "time/score": "seconds spent on rewards, old / reference log-probs, values and advantages",
+    "time/update": "seconds spent on the optimizer updates",
+    "eval_accuracy": "held-out sampled accuracy (one completion per test prompt at the training temperature), "
+                     "every eval_every steps",
+    # --- rlbook.callbacks.PostUpdateRatios: the rollout's log-ratios log(pi_new / pi_old) after the step's updates
+    "post_update/log_ratio_token_var": "variance over completion tokens of the token log-ratio after the update",
+    "post_update/log_ratio_sequence_var": "variance over completions of the mean token log-ratio (log s_i, GSPO's "
+                                          "sequence log-ratio) after the update",
+    "post_update/max_abs_log_ratio_token": "largest |token log-ratio| after the update",
+    "post_update/max_abs_log_ratio_sequence": "largest |mean token log-ratio| of a completion after the update (the "
+                                              "log of its geometric-mean ratio)",
+    # --- rlbook.callbacks.ExpertRoutingChanges (mixture-of-experts policies)
+    "moe/route_changed": "share of completion tokens whose set of experts changed in some layer during the update",
+    "moe/abs_log_ratio_route_changed": "mean |token log-ratio| after the update of the tokens whose routing changed",
+    "moe/abs_log_ratio_route_same": "mean |token log-ratio| after the update of the tokens whose routing did not",
+}
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float | None:
+    """``1 − Var(R − V) / Var(R)`` over the masked tokens, both variances centred (CleanRL's and verl's
+    ``vf_explained_var``): 1 is a perfect critic, 0 no better than a constant. None when every return is the same
+    (the ratio is undefined then)."""
+    variance = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    if not variance > 0:
+        return None
+    residual = returns - values
+    residual_variance = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
+    return float(1 - residual_variance / variance)
+
+
+def entropy_from_log_probs(log_probs: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats, −Σ_v p_v log p_v, of the distributions whose log-probabilities ``log_probs`` (..., V) are
+    (e.g. ``log_softmax(logits / temperature)``); shape (...)."""
+    return -(log_probs.exp() * log_probs).sum(-1)
