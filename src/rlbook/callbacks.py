@@ -29,7 +29,8 @@ from rlbook.objectives import masked_mean
 from rlbook.rollout import sequence_logprobs
 
 if TYPE_CHECKING:
-    from rlbook.trainer import Rollout, ScoredRollout, Trainer
+    from rlbook.rollout import Rollout, ScoredRollout
+    from rlbook.trainer import Trainer
 
 
 class TrainerCallback:

@@ -17,7 +17,7 @@ METRICS: dict[str, str] = {
     # --- the step
     "step": "optimizer-update rounds done so far (one rollout each), counted from 1",
     "reward": "mean reward of the step's completions, after shaping (DAPO's overlong penalty), before any KL penalty",
-    "reward_std": "standard deviation of those rewards over the step's completions (numpy's, ddof = 0)",
+    "reward_std": "standard deviation of those rewards over the step's completions (n - 1 in the denominator, as TRL)",
     "accuracy": "fraction of the step's completions the task's rule calls correct, whatever reward_fn gave "
                 "(the gold metric when a reward model gives the reward)",
     "frac_reward_zero_std": "fraction of groups whose G rewards are all equal (no signal for a group baseline); "
@@ -99,3 +99,20 @@ def entropy_from_log_probs(log_probs: torch.Tensor) -> torch.Tensor:
     """Entropy in nats, −Σ_v p_v log p_v, of the distributions whose log-probabilities ``log_probs`` (..., V) are
     (e.g. ``log_softmax(logits / temperature)``); shape (...)."""
     return -(log_probs.exp() * log_probs).sum(-1)
+
+
+def rollout_metrics(rollout, scored) -> dict:
+    """The step's reward, accuracy, completion-length and entropy metrics (TRL's names), from a
+    :class:`rlbook.rollout.Rollout` and its :class:`rlbook.rollout.ScoredRollout`."""
+    batch, rewards = rollout.batch, scored.rewards
+    lengths = batch.lengths.float()
+    return {
+        "reward": float(rewards.mean()),
+        "reward_std": float(rewards.std(ddof=1)) if len(rewards) > 1 else 0.0,
+        "accuracy": float(scored.correct.float().mean()),
+        "completions/mean_length": float(lengths.mean()),
+        "completions/min_length": float(lengths.min()),
+        "completions/max_length": float(lengths.max()),
+        "completions/clipped_ratio": float(batch.truncated.float().mean()),
+        "entropy": masked_mean(batch.entropies, batch.completion_mask.float()).item(),
+    }

@@ -150,7 +150,7 @@ def plot_training_curves(
     Args:
         runs: label -> one metric history per seed (``Trainer.history``: a list of dicts, one per step).
             Steps where a metric is missing (``eval_accuracy`` is logged every few steps) are skipped.
-        metrics: the keys to plot, e.g. ``["reward", "eval_accuracy", "clip_frac"]``.
+        metrics: the keys to plot, e.g. ``["reward", "eval_accuracy", "clip_ratio/region_mean"]``.
         axes: optional sequence of matplotlib axes, one per metric.
         titles: optional metric -> panel title (defaults to the key); the y-axis is labelled with the key too.
         smooth: moving-average window applied to each seed before averaging (1: none).

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -143,6 +145,79 @@ def concat_rollouts(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBa
         temperature=batches[0].temperature,
         prompts=[p for b in batches for p in b.prompts],
     )
+
+
+@dataclass
+class Rollout:
+    """One step's samples, rewarded: the batch, the N task examples (one per prompt), the B decoded completions,
+    the reward function's B rewards (before any shaping), and the sampling phase's metrics."""
+
+    batch: RolloutBatch
+    examples: list
+    completions: list[str]
+    rewards: np.ndarray
+    metrics: dict = field(default_factory=dict)
+
+    def select_groups(self, groups) -> Rollout:
+        """The rollout of the prompts ``groups`` (indices), each with all its G completions."""
+        G = self.batch.num_generations
+        rows = [g * G + j for g in groups for j in range(G)]
+        return Rollout(self.batch.select_groups(groups), [self.examples[g] for g in groups],
+                       [self.completions[r] for r in rows], self.rewards[rows], dict(self.metrics))
+
+
+@dataclass
+class ScoredRollout:
+    """What an update needs from a :class:`Rollout`, on the trainer's device: ``mask`` (B, T) marks completion
+    tokens and ``loss_mask`` the ones that enter the loss; ``lengths`` (B,) their count; ``rewards`` (B,) after
+    shaping; ``correct`` (B,) bool by the task's rule; ``old_logp``, ``ref_logp``, ``old_values`` (B, T);
+    ``advantages`` (B,) or (B, T); ``returns`` (B, T), the value targets; ``metrics`` of the scoring phase."""
+
+    rollout: Rollout
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    mask: torch.Tensor
+    loss_mask: torch.Tensor
+    lengths: torch.Tensor
+    rewards: np.ndarray
+    correct: torch.Tensor
+    old_logp: torch.Tensor
+    advantages: torch.Tensor
+    ref_logp: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    metrics: dict = field(default_factory=dict)
+
+
+def dynamic_sampling(sample_round: Callable[[int], Rollout], num_prompts: int, max_rounds: int,
+                     pad_token_id: int) -> Rollout:
+    """DAPO's dynamic sampling: keep only the groups whose rewards differ, and sample more until ``num_prompts``
+    such groups are found or ``max_rounds`` rounds of ``sample_round(round_)`` are spent.
+
+    A group whose G rewards are all equal (all right or all wrong) has advantage 0 under a group baseline: it
+    teaches nothing and only shrinks the batch. If the rounds run out, the step trains on the groups it has (fewer;
+    the first round whole if no round found any). Metrics: ``frac_reward_zero_std`` of the first round (before any
+    filtering), ``dynamic_sampling/rounds`` and ``dynamic_sampling/groups`` (the groups kept).
+    """
+    kept = []
+    for round_ in range(max_rounds):
+        rollout = sample_round(round_)
+        informative = rollout.rewards.reshape(-1, rollout.batch.num_generations).std(-1) > 0
+        if round_ == 0:
+            first = rollout
+            first.metrics["frac_reward_zero_std"] = float(np.mean(~informative))
+        have = sum(len(r.examples) for r in kept)
+        kept.append(rollout.select_groups(np.flatnonzero(informative)[: num_prompts - have].tolist()))
+        if have + len(kept[-1].examples) == num_prompts:
+            break
+    parts = [r for r in kept if r.examples]
+    if parts:
+        first = Rollout(concat_rollouts([r.batch for r in parts], pad_token_id), [e for r in parts for e in r.examples],
+                        [c for r in parts for c in r.completions], np.concatenate([r.rewards for r in parts]),
+                        first.metrics)
+    first.metrics.update({"dynamic_sampling/rounds": round_ + 1,
+                          "dynamic_sampling/groups": sum(len(r.examples) for r in parts)})
+    return first
 
 
 @torch.no_grad()  # not inference_mode: the tensors we return are used as inputs of a training forward pass later

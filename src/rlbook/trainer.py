@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ from rlbook.advantages import ESTIMATORS, AdvantageInputs
 from rlbook.callbacks import MetricsLogger, ProgressBar, TrainerCallback
 from rlbook.lm import autocast
 from rlbook.lm.value import build_value_model, token_values
-from rlbook.metrics import explained_variance
+from rlbook.metrics import explained_variance, rollout_metrics
 from rlbook.objectives import (
     adaptive_kl_coef,
     kl_estimate,
@@ -40,52 +39,17 @@ from rlbook.objectives import (
     value_loss,
 )
 from rlbook.presets import PRESETS, RLConfig, preset  # noqa: F401  (re-exported: rlbook.trainer.preset)
-from rlbook.rollout import RolloutBatch, concat_rollouts, generate_rollouts, sequence_logprobs
+from rlbook.rollout import (
+    Rollout,
+    RolloutBatch,
+    ScoredRollout,
+    dynamic_sampling,
+    generate_rollouts,
+    sequence_logprobs,
+)
 from rlbook.sft import sampled_accuracy
 from rlbook.tasks import Task
 from rlbook.tasks.shaping import soft_overlong_penalty
-
-
-@dataclass
-class Rollout:
-    """One step's samples: the batch, the N task examples (one per prompt), the B decoded completions, the reward
-    function's B rewards (before any shaping), and the sampling phase's metrics."""
-
-    batch: RolloutBatch
-    examples: list
-    completions: list[str]
-    rewards: np.ndarray
-    metrics: dict = field(default_factory=dict)
-
-    def select_groups(self, groups) -> Rollout:
-        """The rollout of the prompts ``groups``, each with all its G completions."""
-        G = self.batch.num_generations
-        rows = [g * G + j for g in groups for j in range(G)]
-        return Rollout(self.batch.select_groups(groups), [self.examples[g] for g in groups],
-                       [self.completions[r] for r in rows], self.rewards[rows], dict(self.metrics))
-
-
-@dataclass
-class ScoredRollout:
-    """Everything the update needs, on the trainer's device: ``mask`` (B, T) marks completion tokens,
-    ``loss_mask`` the ones that enter the loss; ``rewards`` (B,) after shaping; ``correct`` (B,) by the task's rule;
-    ``old_logp``, ``ref_logp``, ``old_values`` (B, T); ``advantages`` (B,) or (B, T); ``returns`` (B, T) value
-    targets; ``metrics`` of the scoring phase."""
-
-    rollout: Rollout
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    mask: torch.Tensor
-    loss_mask: torch.Tensor
-    lengths: torch.Tensor
-    rewards: np.ndarray
-    correct: torch.Tensor
-    old_logp: torch.Tensor
-    advantages: torch.Tensor
-    ref_logp: torch.Tensor | None = None
-    old_values: torch.Tensor | None = None
-    returns: torch.Tensor | None = None
-    metrics: dict = field(default_factory=dict)
 
 
 class Trainer:
@@ -206,17 +170,13 @@ class Trainer:
     # --- sampling -------------------------------------------------------------------------------------------
 
     def sample_rollout(self, step: int) -> Rollout:
-        """This step's ``num_prompts`` groups of ``num_generations`` completions, rewarded.
-
-        With ``dynamic_sampling`` (DAPO), groups whose rewards are all equal (all right or all wrong: their
-        advantages are 0, they teach nothing) are dropped and new prompts are sampled in their place, for at most
-        ``max_num_gen_batches`` rounds; if the rounds run out, the step trains on the groups it has (fewer, but
-        never an all-equal one unless no round found any other). ``frac_reward_zero_std`` is measured on the first
-        round, before any filtering.
-        """
+        """This step's ``num_prompts`` groups of ``num_generations`` completions, rewarded (DAPO: only groups whose
+        rewards differ, see :func:`rlbook.rollout.dynamic_sampling`)."""
         config, G = self.config, self.config.num_generations
-        kept, time_reward = [], 0.0
-        for round_ in range(config.max_num_gen_batches if config.dynamic_sampling else 1):
+        time_reward = 0.0
+
+        def sample_round(round_: int) -> Rollout:
+            nonlocal time_reward
             prompt_seed = [config.seed, step] + ([round_] if round_ else [])
             examples = self.task.sample(config.num_prompts, split="train", seed=np.random.default_rng(prompt_seed))
             with autocast(self.device):
@@ -228,26 +188,16 @@ class Trainer:
             completions = batch.decode_completions(self.tokenizer)
             rollout = Rollout(batch, examples, completions, self._rewards(examples, completions, batch))
             time_reward += time.perf_counter() - timer
-            informative = rollout.rewards.reshape(-1, G).std(-1) > 0
-            if round_ == 0:
-                first = rollout
-                first.metrics["frac_reward_zero_std"] = float(np.mean(~informative))
-            if not config.dynamic_sampling:
-                break
-            have = sum(len(r.examples) for r in kept)
-            kept.append(rollout.select_groups(np.flatnonzero(informative)[: config.num_prompts - have].tolist()))
-            if have + len(kept[-1].examples) == config.num_prompts:
-                break
-        groups = sum(len(r.examples) for r in kept)
-        if config.dynamic_sampling and groups:
-            parts = [r for r in kept if r.examples]
-            first = Rollout(concat_rollouts([r.batch for r in parts], self.tokenizer.pad_token_id),
-                            [e for r in parts for e in r.examples], [c for r in parts for c in r.completions],
-                            np.concatenate([r.rewards for r in parts]), first.metrics)
+            return rollout
+
         if config.dynamic_sampling:
-            first.metrics.update({"dynamic_sampling/rounds": round_ + 1, "dynamic_sampling/groups": groups})
-        first.metrics["time/reward"] = time_reward
-        return first
+            rollout = dynamic_sampling(sample_round, config.num_prompts, config.max_num_gen_batches,
+                                       self.tokenizer.pad_token_id)
+        else:
+            rollout = sample_round(0)
+            rollout.metrics["frac_reward_zero_std"] = float(np.mean(rollout.rewards.reshape(-1, G).std(-1) == 0))
+        rollout.metrics["time/reward"] = time_reward
+        return rollout
 
     def _rewards(self, examples, completions: list[str], batch: RolloutBatch, reward_fn=None) -> np.ndarray:
         """``reward_fn``'s (default: the trainer's) reward of every completion, (B,) float64; a wrong shape or a
@@ -467,22 +417,6 @@ class Trainer:
         self.step, self.history, self.kl_coef = state["step"], state["history"], state["kl_coef"]
         self.value_pretrain_history = state["value_pretrain_history"]
         return self
-
-
-def rollout_metrics(rollout: Rollout, scored: ScoredRollout) -> dict:
-    """The step's reward, accuracy, completion-length and entropy metrics (TRL's names)."""
-    batch, rewards = rollout.batch, scored.rewards
-    lengths = batch.lengths.float()
-    return {
-        "reward": float(rewards.mean()),
-        "reward_std": float(rewards.std(ddof=1)) if len(rewards) > 1 else 0.0,
-        "accuracy": float(scored.correct.float().mean()),
-        "completions/mean_length": float(lengths.mean()),
-        "completions/min_length": float(lengths.min()),
-        "completions/max_length": float(lengths.max()),
-        "completions/clipped_ratio": float(batch.truncated.float().mean()),
-        "entropy": masked_mean(batch.entropies, batch.completion_mask.float()).item(),
-    }
 
 
 def _seed(seed: int, step: int, round_: int = 0) -> int:
