@@ -68,8 +68,8 @@ BUGS = [
         "gspo_sum_not_mean",
         "GSPO's sequence ratio from the sum of token log-ratios instead of their mean (no 1/|o_i|)",
         "src/rlbook/objectives.py",
-        "        log_ratio = (masked_sum(log_ratio, mask, dim=-1) / lengths)[:, None].expand_as(logp)",
-        "        log_ratio = masked_sum(log_ratio, mask, dim=-1)[:, None].expand_as(logp)",
+        "    sequence = masked_sum(token, mask, dim=-1) / lengths  # log s_i, (B,)",
+        "    sequence = masked_sum(token, mask, dim=-1)  # log s_i, (B,)",
         ("tests/test_objectives.py", "-k", "sequence or gspo"),
     ),
     PlantedBug(
