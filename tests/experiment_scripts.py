@@ -1,0 +1,22 @@
+"""Helpers of the tests of experiments/: load a script as a module, read its stored results."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+
+
+def load_script(name):
+    """``experiments/<name>.py`` as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_stored(name):
+    """The stored results of ``experiments/<name>.py``; a missing file fails the test (a chapter reads it)."""
+    path = EXPERIMENTS / "results" / f"{name}.json"
+    assert path.exists(), f"{path} is missing: run experiments/{name}.py (a chapter reads it)"
+    return json.loads(path.read_text())
