@@ -1,16 +1,17 @@
 """How much does a baseline cut the variance of the policy-gradient estimate? (Chapter "The policy-gradient theorem")
 
-At the *fixed* arithmetic base policy, draw many independent batches of ``num_prompts x G`` completions, and for each
-batch compute the flattened gradient of the REINFORCE loss the trainer uses (``policy_loss`` with the ``dr_grpo``
-denominator, ratio 1) under three advantages computed from the *same* rollouts:
+At the *fixed* arithmetic base policy, draw many independent batches of ``batch_size`` completions (``batch_size / G``
+prompts, G completions each), and for each batch compute the flattened gradient of the REINFORCE loss the trainer
+uses (``policy_loss`` with the ``dr_grpo`` denominator, ratio 1) under three advantages computed from the *same*
+rollouts, the estimators of the presets ``reinforce``, ``reinforce_baseline`` and ``rloo`` (rlbook.advantages):
 
 - ``reinforce``: A_i = r_i (no baseline);
 - ``group_mean``: A_i = r_i - mean of the group's rewards (``group_advantages(..., scale_rewards="none")``);
 - ``rloo``: A_i = r_i - mean of the *other* G - 1 rewards (``leave_one_out_advantages``).
 
 For each estimator we record the total variance of the gradient estimate across batches, ``E||g - E g||^2`` (the
-trace of its covariance, summed over all parameters), and the squared norm of its mean. The whole sweep is repeated
-for group sizes G at a fixed budget of completions per batch, and for several seeds (independent sets of batches).
+trace of its covariance, summed over all parameters), and the squared norm of its mean. An arm is a group size G
+(at a fixed budget of completions per batch); a seed is an independent set of batches.
 
     python experiments/pg_gradient_variance.py            # writes experiments/results/pg_gradient_variance.json
 """
@@ -18,22 +19,25 @@ for group sizes G at a fixed budget of completions per batch, and for several se
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from rlbook.checkpoints import RECIPES, load_base_policy, load_manifest
+from rlbook.checkpoints import RECIPES, load_base_policy
+from rlbook.experiment import run_experiment
 from rlbook.objectives import group_advantages, leave_one_out_advantages, policy_loss
-from rlbook.paths import write_results
 from rlbook.rollout import generate_rollouts, sequence_logprobs
 
 ESTIMATORS = ("reinforce", "group_mean", "rloo")
+GROUP_SIZES = (2, 4, 8, 16)
+SETTINGS = dict(policy="arithmetic", batch_size=64, num_batches=16)
 RESULTS = Path(__file__).parent / "results" / "pg_gradient_variance.json"
 
 
 def advantages(rewards: torch.Tensor, estimator: str, G: int) -> torch.Tensor:
-    """(B,) advantages of one batch: the three estimators the trainer's presets use."""
+    """(B,) advantages of one batch: what ``rlbook.advantages.ESTIMATORS[estimator]`` computes."""
     if estimator == "reinforce":
         return rewards
     if estimator == "group_mean":
@@ -75,39 +79,48 @@ def variance_of_estimates(grads: np.ndarray) -> tuple[float, float]:
     return float(((grads - mean) ** 2).sum(1).sum() / (len(grads) - 1)), float(mean @ mean)
 
 
-def run(group_sizes=(2, 4, 8, 16), seeds=(0, 1, 2, 3, 4), num_batches=16, batch_size=64,
-        policy="arithmetic") -> dict:
+def run_one(name: str, arm: dict, seed: int, *, policy: str, batch_size: int, num_batches: int) -> dict:
+    """One arm (group size) and seed: ``num_batches`` batches; per estimator, the total variance of the gradient
+    estimate and the squared norm of its mean."""
     torch.set_num_threads(1)
     model, tokenizer = load_base_policy(policy)
-    recipe = RECIPES[policy]
+    recipe, G = RECIPES[policy], arm["num_generations"]
     task = recipe.make_task()
-    L = recipe.sft.max_new_tokens
-    out = {"policy": policy, "checkpoint_sha256": load_manifest(policy)["sha256"]["model.safetensors"],
-           "batch_size": batch_size, "num_batches": num_batches, "max_completion_length": L,
-           "group_sizes": list(group_sizes), "seeds": list(seeds), "estimators": list(ESTIMATORS),
-           "total_variance": {}, "mean_sq_norm": {}}
+    per_batch = [batch_gradients(model, tokenizer, task, G=G, batch_size=batch_size,
+                                 max_completion_length=recipe.sft.max_new_tokens, seed=[seed, G, k])
+                 for k in range(num_batches)]
+    out = {"total_variance": {}, "mean_sq_norm": {}}
     for estimator in ESTIMATORS:
-        out["total_variance"][estimator] = [[None] * len(seeds) for _ in group_sizes]
-        out["mean_sq_norm"][estimator] = [[None] * len(seeds) for _ in group_sizes]
-    for gi, G in enumerate(group_sizes):
-        for si, seed in enumerate(seeds):
-            per_batch = [batch_gradients(model, tokenizer, task, G=G, batch_size=batch_size,
-                                         max_completion_length=L, seed=[seed, G, k])
-                         for k in range(num_batches)]
-            for estimator in ESTIMATORS:
-                var, sq = variance_of_estimates(np.stack([g[estimator] for g in per_batch]))
-                out["total_variance"][estimator][gi][si] = var
-                out["mean_sq_norm"][estimator][gi][si] = sq
+        var, sq = variance_of_estimates(np.stack([g[estimator] for g in per_batch]))
+        out["total_variance"][estimator], out["mean_sq_norm"][estimator] = var, sq
     return out
+
+
+def run(group_sizes=GROUP_SIZES, seeds=range(5), *, out=None, processes=None, progress=True, arguments=None,
+        **settings) -> dict:
+    common = {**SETTINGS, **settings}
+    arms = {f"G={G}": {"num_generations": G} for G in group_sizes}
+    summary = {f"var {e} / reinforce": functools.partial(_relative_variance, e) for e in ESTIMATORS[1:]}
+    return run_experiment("pg_gradient_variance", functools.partial(run_one, **common), arms, seeds, out=out,
+                          common=common, processes=processes, progress=progress, arguments=arguments,
+                          summary=summary, checkpoints=[common["policy"]], description=__doc__.splitlines()[0],
+                          extra={"estimators": list(ESTIMATORS),
+                                 "max_completion_length": RECIPES[common["policy"]].sft.max_new_tokens})
+
+
+def _relative_variance(estimator: str, record: dict) -> float:
+    return record["total_variance"][estimator] / record["total_variance"]["reinforce"]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-batches", type=int, default=16)
+    parser.add_argument("--num-batches", type=int, default=SETTINGS["num_batches"])
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--processes", type=int, default=None, help="default: one per core")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    write_results(args.out, lambda: run(seeds=tuple(range(args.seeds)), num_batches=args.num_batches))
+    run(seeds=range(args.seeds), out=args.out, processes=args.processes,
+        arguments={**vars(args), "out": str(args.out)}, num_batches=args.num_batches)
 
 
 if __name__ == "__main__":
