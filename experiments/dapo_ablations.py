@@ -5,12 +5,16 @@ records per-step metrics:
 
 - ``clip``: symmetric clipping (epsilon = epsilon_high = 0.2) against clip-higher (0.2 / 0.28) on the arithmetic
   policy, with four optimizer steps per rollout (so the later ones are off-policy and the clip acts). Records the
-  entropy proxy ``neg_logp`` (mean -log pi of the sampled completion tokens) and the clip fractions.
+  entropy proxy ``neg_logp`` (mean -log pi of the sampled completion tokens, :class:`SampledNegLogp`) and the
+  clip fractions ``clip_ratio/low_mean`` and ``clip_ratio/high_mean``.
 - ``dynamic``: without and with dynamic sampling on the arithmetic policy. Records the fraction of groups whose
   rewards are all equal in the first generation round (``frac_reward_zero_std``), the informative groups the update
-  trained on, and the generation rounds each step needed.
+  trained on (``dynamic_sampling/groups``) and the generation rounds each step needed (``dynamic_sampling/rounds``).
 - ``overlong``: without and with overlong reward shaping (overlong filtering plus the soft overlong punishment) on
-  the sort_scratchpad policy under a budget that cuts off its rambling answers. Records the truncation rate.
+  the sort_scratchpad policy under a budget that cuts off its rambling answers. Records the truncation rate
+  ``completions/clipped_ratio``.
+
+The arms are named ``<ablation>/<arm>`` (``clip/symmetric``, ``clip/clip_higher``, ``dynamic/off``, ...).
 
     python experiments/dapo_ablations.py            # writes experiments/results/dapo_ablations.json
 """
@@ -18,78 +22,80 @@ records per-step metrics:
 from __future__ import annotations
 
 import argparse
-import copy
 from pathlib import Path
 
-import torch
+import numpy as np
 
-from rlbook.checkpoints import RECIPES, load_base_policy, load_manifest
+from rlbook.callbacks import TrainerCallback
+from rlbook.experiment import Arm, run_experiment, train_run
 from rlbook.objectives import masked_mean
-from rlbook.paths import write_results
-from rlbook.trainer import Trainer, preset
 
 RESULTS = Path(__file__).parent / "results" / "dapo_ablations.json"
 # Shared by every run: 8 prompts x G = 8 completions per step; DAPO's other techniques off unless the ablation
 # switches them on (the rest of the "dapo" preset stays: token-level loss, no KL, group z-score advantages).
 COMMON = dict(num_generations=8, per_device_train_batch_size=64, dynamic_sampling=False,
               mask_truncated_completions=False, overlong_buffer_length=None)
-ABLATIONS = {
-    "clip": dict(policy="arithmetic", steps=50, common=dict(learning_rate=3e-4, per_device_train_batch_size=16,
-                                                            steps_per_generation=4),
-                 arms={"symmetric": dict(epsilon_high=0.2), "clip_higher": dict(epsilon_high=0.28)}),
-    "dynamic": dict(policy="arithmetic", steps=50, common=dict(learning_rate=5e-4),
-                    arms={"off": dict(), "on": dict(dynamic_sampling=True, max_num_gen_batches=4)}),
-    "overlong": dict(policy="sort_scratchpad", steps=30, common=dict(learning_rate=5e-4, max_completion_length=36,
-                                                                per_device_train_batch_size=32),
-                     arms={"off": dict(), "on": dict(mask_truncated_completions=True, overlong_buffer_length=9)}),
+ABLATIONS = {  # ablation: (base policy, settings of both arms, {arm: its own settings})
+    "clip": ("arithmetic", dict(max_steps=50, learning_rate=3e-4, per_device_train_batch_size=16,
+                                steps_per_generation=4),
+             {"symmetric": dict(epsilon_high=0.2), "clip_higher": dict(epsilon_high=0.28)}),
+    "dynamic": ("arithmetic", dict(max_steps=50, learning_rate=5e-4),
+                {"off": dict(), "on": dict(dynamic_sampling=True, max_num_gen_batches=4)}),
+    "overlong": ("sort_scratchpad", dict(max_steps=30, learning_rate=5e-4, max_completion_length=36,
+                                         per_device_train_batch_size=32),
+                 {"off": dict(), "on": dict(mask_truncated_completions=True, overlong_buffer_length=9)}),
 }
-KEEP = ("reward", "accuracy", "completion_length", "truncated_frac", "frac_reward_zero_std", "gen_rounds",
-        "num_groups", "clip_frac_low", "clip_frac_high", "neg_logp")
+ARMS = {f"{ablation}/{arm}": Arm("dapo", task=policy, **shared, **own)
+        for ablation, (policy, shared, arms) in ABLATIONS.items() for arm, own in arms.items()}
+LOGGED = ("reward", "accuracy", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std",
+          "dynamic_sampling/rounds", "dynamic_sampling/groups", "clip_ratio/low_mean", "clip_ratio/high_mean",
+          "neg_logp")
 
 
-class EntropyProxyTrainer(Trainer):
-    """The book's trainer plus one metric: ``neg_logp``, the mean of -log pi over the sampled completion tokens of
-    the step's rollouts (a Monte Carlo estimate of the per-token entropy, at the sampling temperature)."""
+class SampledNegLogp(TrainerCallback):
+    """``neg_logp``: the mean of -log pi over the sampled completion tokens of the step's
+    rollout (after dynamic sampling's filter), at the sampling temperature: a one-sample
+    estimate of the per-token entropy. The trainer's own ``entropy`` is the exact entropy
+    of each next-token distribution; the stored ablation was made with this estimate."""
 
-    def _score(self, batch, *args, **kwargs):
-        out = super()._score(batch, *args, **kwargs)
-        out["metrics"]["neg_logp"] = masked_mean(-batch.logprobs, batch.completion_mask.float()).item()
-        return out
+    metrics = {"neg_logp": "mean -log pi(o_t) over the step's sampled completion tokens"}
 
-
-def train_one(ablation: str, arm: str, seed: int, base, steps: int | None = None) -> dict:
-    """One run of ``ablation``'s ``arm`` from a copy of ``base = (model, tokenizer)``: per-step metrics."""
-    torch.set_num_threads(1)
-    spec = ABLATIONS[ablation]
-    recipe = RECIPES[spec["policy"]]
-    settings = {"max_completion_length": recipe.sft.max_new_tokens, **COMMON, **spec["common"], **spec["arms"][arm]}
-    config = preset("dapo", seed=seed, max_steps=steps or spec["steps"], **settings)
-    trainer = EntropyProxyTrainer(copy.deepcopy(base[0]), base[1], recipe.make_task(), config)
-    history = trainer.train(progress=False)
-    return {key: [m[key] for m in history] for key in KEEP if key in history[0]}
+    def on_rollout_end(self, trainer, rollout):
+        mask = rollout.batch.completion_mask.float()
+        return {"neg_logp": masked_mean(-rollout.batch.logprobs, mask).item()}
 
 
-def run(ablations=tuple(ABLATIONS), seeds=(0, 1, 2, 3, 4), steps: int | None = None) -> dict:
-    out = {"seeds": list(seeds), "common": COMMON, "ablations": {}}
-    for name in ablations:
-        spec = ABLATIONS[name]
-        base = load_base_policy(spec["policy"])  # loaded once: every run starts from the same weights
-        out["ablations"][name] = {
-            "policy": spec["policy"],
-            "checkpoint_sha256": load_manifest(spec["policy"])["sha256"]["model.safetensors"],
-            "settings": spec["common"], "arm_settings": spec["arms"], "steps": steps or spec["steps"],
-            "runs": {arm: [train_one(name, arm, seed, base, steps) for seed in seeds] for arm in spec["arms"]},
-        }
-    return out
+def run_one(name: str, arm: Arm, seed: int) -> dict:
+    """One run of arm ``name``: per-step metrics of :data:`LOGGED`, without the keys the arm never logs (dynamic
+    sampling's, when it is off)."""
+    record = train_run(arm.task, arm, seed, callbacks=[SampledNegLogp()], logged=LOGGED, **COMMON)
+    record["metrics"] = {k: v for k, v in record["metrics"].items() if any(x is not None for x in v)}
+    return record
+
+
+def run(arms=tuple(ARMS), seeds=(0, 1, 2, 3, 4), *, steps=None, out=None, processes=None, arguments=None) -> dict:
+    """Run ``arms`` (names of :data:`ARMS`) for ``seeds``; ``steps`` shortens every run (the tests)."""
+    chosen = {name: ARMS[name] for name in arms}
+    if steps is not None:
+        chosen = {name: Arm("dapo", task=arm.task, **{**arm.overrides, "max_steps": steps})
+                  for name, arm in chosen.items()}
+    return run_experiment("dapo_ablations", run_one, chosen, seeds, out=out, common=COMMON, processes=processes,
+                          steps_per_run=lambda name, arm: arm.overrides["max_steps"], arguments=arguments,
+                          checkpoints=sorted({arm.task for arm in chosen.values()}),
+                          description=__doc__.splitlines()[0],
+                          summary={"last-10 accuracy": lambda r: np.mean(r["metrics"]["accuracy"][-10:])})
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ablations", nargs="+", default=list(ABLATIONS), choices=list(ABLATIONS))
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default: each ablation's own)")
+    parser.add_argument("--processes", type=int, default=None, help="worker processes (default: one per core)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    write_results(args.out, lambda: run(tuple(args.ablations), seeds=tuple(range(args.seeds))))
+    run(tuple(args.arms), seeds=range(args.seeds), steps=args.steps, out=args.out, processes=args.processes,
+        arguments={**vars(args), "out": str(args.out)})
 
 
 if __name__ == "__main__":

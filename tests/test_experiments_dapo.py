@@ -1,0 +1,58 @@
+"""Reduced runs of experiments/dapo (a few seconds each): they run, and their results have the shape and the
+properties the chapter relies on; the stored results were made by the script's current settings."""
+
+import math
+
+import pytest
+from experiment_scripts import load_script, load_stored
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_dapo_ablations_reduced_run():
+    script = load_script("dapo_ablations")
+    result = script.run(seeds=(0,), steps=2, processes=1)
+    assert set(result["runs"]) == set(script.ARMS) == {f"{ablation}/{arm}" for ablation, (_, _, arms)
+                                                       in script.ABLATIONS.items() for arm in arms}
+    for name, (record,) in result["runs"].items():
+        metrics = record["metrics"]
+        assert record["config"]["max_steps"] == 2 and len(metrics["reward"]) == 2
+        assert all(0.0 <= f <= 1.0 for f in metrics["completions/clipped_ratio"])
+        assert all(math.isfinite(x) and x >= 0 for x in metrics["neg_logp"])
+        assert all(None not in values for values in metrics.values())
+    dynamic = result["runs"]["dynamic/on"][0]["metrics"]
+    prompts = script.COMMON["per_device_train_batch_size"] // script.COMMON["num_generations"]
+    rounds = script.ARMS["dynamic/on"].overrides["max_num_gen_batches"]
+    for groups, used in zip(dynamic["dynamic_sampling/groups"], dynamic["dynamic_sampling/rounds"]):
+        assert 1 <= used <= rounds and (groups == prompts or used == rounds)  # full batch unless out of rounds
+    assert "dynamic_sampling/rounds" not in result["runs"]["dynamic/off"][0]["metrics"]
+    # the arms differ only where the ablation says: the clip arms in epsilon_high
+    configs = {name: result["runs"][name][0]["config"] for name in ("clip/symmetric", "clip/clip_higher")}
+    assert {k for k in configs["clip/symmetric"] if configs["clip/symmetric"][k] != configs["clip/clip_higher"][k]} \
+        == {"epsilon_high"}
+
+
+def test_sampled_neg_logp_is_the_mean_of_minus_log_pi():
+    script = load_script("dapo_ablations")
+    from types import SimpleNamespace
+
+    import torch
+
+    batch = SimpleNamespace(logprobs=torch.tensor([[-1.0, -3.0, 0.0], [-0.5, 0.0, 0.0]]),
+                            completion_mask=torch.tensor([[1, 1, 0], [1, 0, 0]]))
+    out = script.SampledNegLogp().on_rollout_end(None, SimpleNamespace(batch=batch))
+    assert out == {"neg_logp": pytest.approx(4.5 / 3)}
+
+
+def test_dapo_stored_results_match_the_script():
+    """The stored ablations have >= 5 seeds per arm, made with the script's current settings."""
+    script = load_script("dapo_ablations")
+    stored = load_stored("dapo_ablations")
+    assert len(stored["seeds"]) >= 5 and stored["common"] == script.COMMON
+    assert stored["arms"] == {name: arm.to_json() for name, arm in script.ARMS.items()}
+    for name, arm in script.ARMS.items():
+        runs = stored["runs"][name]
+        assert [run["seed"] for run in runs] == stored["seeds"]
+        for run in runs:
+            assert set(run["metrics"]) <= set(script.LOGGED) and "neg_logp" in run["metrics"]
+            assert all(len(values) == arm.overrides["max_steps"] for values in run["metrics"].values())
