@@ -2,7 +2,7 @@
 
 Trains the shipped ``sort_scratchpad`` base policy (the task of the book with the longest and most varied
 completions: a scratchpad of insertion-sort passes, then the answer) with four settings that differ *only* in how
-the token losses are aggregated; everything else is the trainer's ``lambda_grpo`` preset (group z-score advantages,
+the token losses are aggregated; everything else is the ``lambda_grpo`` preset (group z-score advantages,
 ε = 0.2, no KL, one update per rollout, 8 prompts × G = 8 completions per step):
 
 - ``grpo``: each completion's token mean, averaged over the completions (f_i = 1/(B|o_i|));
@@ -10,8 +10,8 @@ the token losses are aggregated; everything else is the trainer's ``lambda_grpo`
 - ``dr_grpo``: the token sum over a constant, B · L_max (f_i = 1/(B · L_max));
 - ``lambda_grpo``: DAPO's token mean with the weights f_i = G softmax_i(h_i^λ) and λ learned (start 0, lr 1e-2).
 
-Every step records the sampled accuracy, the mean completion length, and λ; the held-out accuracy is measured
-every ``eval_every`` steps.
+Every step records the sampled ``accuracy``, ``completions/mean_length`` and ``lambda_grpo/lambda``; the held-out
+accuracy is measured every ``eval_every`` steps.
 
     python experiments/lambda_grpo_compare.py            # writes experiments/results/lambda_grpo_compare.json
 """
@@ -19,61 +19,51 @@ every ``eval_every`` steps.
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
-import torch
-
-from rlbook.checkpoints import load_manifest
-from rlbook.paths import write_results
-from rlbook.trainer import run_from_base_policy
+from rlbook.experiment import Arm, run_experiment, train_run
 
 POLICY = "sort_scratchpad"
-PRESET = "lambda_grpo"
 RESULTS = Path(__file__).parent / "results" / "lambda_grpo_compare.json"
-# name -> overrides of the lambda_grpo preset: only the aggregation changes
-METHODS = {
-    "grpo": dict(lambda_grpo=False, loss_type="grpo"),
-    "dapo": dict(lambda_grpo=False, loss_type="dapo"),
-    "dr_grpo": dict(lambda_grpo=False, loss_type="dr_grpo"),
-    "lambda_grpo": dict(),
+# the lambda_grpo preset, and only the aggregation changes
+ARMS = {
+    "grpo": Arm("lambda_grpo", lambda_grpo=False, loss_type="grpo"),
+    "dapo": Arm("lambda_grpo", lambda_grpo=False, loss_type="dapo"),
+    "dr_grpo": Arm("lambda_grpo", lambda_grpo=False, loss_type="dr_grpo"),
+    "lambda_grpo": Arm("lambda_grpo"),
 }
-SETTINGS = dict(num_generations=8, per_device_train_batch_size=64, learning_rate=3e-4, max_steps=150,
-                eval_every=50, eval_size=128)
-LOGGED = ("accuracy", "completion_length", "lambda")
+COMMON = dict(num_generations=8, per_device_train_batch_size=64, learning_rate=3e-4, max_steps=150,
+              eval_every=50, eval_size=128)
+LOGGED = ("accuracy", "completions/mean_length", "lambda_grpo/lambda")
 
 
-def train_one(name: str, seed: int, **settings) -> dict:
-    """One run of method ``name``: the recorded run of :func:`rlbook.trainer.run_from_base_policy`."""
-    torch.set_num_threads(1)
-    merged = {**SETTINGS, **METHODS[name], **settings}
-    steps, every, size = merged.pop("max_steps"), merged.pop("eval_every"), merged.pop("eval_size")
-    run = run_from_base_policy(POLICY, PRESET, seed=seed, max_steps=steps, eval_every=every, eval_size=size,
-                               logged=LOGGED, **merged)
+def run_one(name: str, arm: Arm, seed: int, **common) -> dict:
+    """One run: :func:`rlbook.experiment.train_run` with the logged metrics rounded to 5 decimals."""
+    run = train_run(POLICY, arm, seed, logged=LOGGED, **common)
     run["metrics"] = {k: [None if v is None else round(float(v), 5) for v in values]
                       for k, values in run["metrics"].items()}
-    run["seconds"] = round(run["seconds"], 1)
     return run
 
 
-def run(methods=tuple(METHODS), seeds=(0, 1, 2, 3, 4), **settings) -> dict:
-    out = {"policy": POLICY, "preset": PRESET,
-           "checkpoint_sha256": load_manifest(POLICY)["sha256"]["model.safetensors"],
-           "methods": {name: METHODS[name] for name in methods}, "settings": {**SETTINGS, **settings},
-           "seeds": list(seeds), "runs": {}}
-    for name in methods:
-        out["runs"][name] = [train_one(name, seed, **settings) for seed in seeds]
-    return out
+def run(arms=tuple(ARMS), seeds=(0, 1, 2, 3, 4), out=None, processes=None, arguments=None, **settings) -> dict:
+    common = {**COMMON, **settings}
+    return run_experiment("lambda_grpo_compare", functools.partial(run_one, **common),
+                          {name: ARMS[name] for name in arms}, seeds, out=out, common=common,
+                          extra={"policy": POLICY}, processes=processes, arguments=arguments,
+                          steps_per_run=common["max_steps"], checkpoints=[POLICY], description=__doc__.splitlines()[0])
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=SETTINGS["max_steps"])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--steps", type=int, default=COMMON["max_steps"])
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--processes", type=int, default=None, help="worker processes (default: one per core)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    extra = {} if args.steps == SETTINGS["max_steps"] else {"max_steps": args.steps}
-    write_results(args.out, lambda: run(methods=tuple(args.methods), seeds=tuple(range(args.seeds)), **extra))
+    run(arms=tuple(args.arms), seeds=tuple(range(args.seeds)), out=args.out, processes=args.processes,
+        arguments=vars(args) | {"out": str(args.out)}, max_steps=args.steps)
 
 
 if __name__ == "__main__":
