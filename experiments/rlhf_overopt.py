@@ -6,12 +6,13 @@
 2. Its scores are normalised with the mean and std over the base policy's own completions (so the starting policy
    scores about 0 ± 1) and clipped to ±10 (OpenRLHF's clip), and it becomes the trainer's ``reward_fn``.
 3. PPO (the ``ppo`` preset: GAE, 4 epochs, whitened advantages, value clip 0.2) optimises it, with the value model
-   initialised from the reward model (as InstructGPT and TRL do; its head rescaled to the normalised score), for each KL coefficient beta in :data:`BETAS`
-   and each seed. Per step: the learned reward, the gold accuracy (the task's rule, on the training completions),
-   the KL to the reference, value loss, explained variance, clip fraction; every ``EVAL_EVERY`` steps the gold
-   accuracy on held-out test prompts.
-4. A control: the same PPO with the task's rule as the reward (``reward_fn`` left out, the value model from the
-   policy) at the smaller beta, to tell over-optimisation of the learned reward from an unstable optimiser.
+   initialised from the reward model (as InstructGPT and TRL do; its head rescaled to the normalised score), for
+   each KL coefficient beta in :data:`BETAS` and each seed. Per step (:data:`LOGGED`): the learned reward, the gold
+   accuracy (the task's rule, on the training completions), the KL to the reference, value loss, explained
+   variance, clip fraction; every ``EVAL_EVERY`` steps the gold accuracy on held-out test prompts.
+4. A control (arm ``gold_reward``): the same PPO with the task's rule as the reward (``reward_fn`` left out, the
+   value model from the policy) at the smaller beta, to tell over-optimisation of the learned reward from an
+   unstable optimiser.
 
     python experiments/rlhf_overopt.py            # writes experiments/results/rlhf_overopt.json
 """
@@ -19,20 +20,18 @@
 from __future__ import annotations
 
 import argparse
-import copy
-import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from rlbook.checkpoints import RECIPES, load_base_policy, load_manifest
+from rlbook.checkpoints import RECIPES, load_base_policy
+from rlbook.experiment import Arm, run_experiment, train_run
 from rlbook.lm.value import build_value_model
-from rlbook.paths import write_results
 from rlbook.reward_model import RewardModelConfig, RewardModelScorer, build_reward_model, train_reward_model
 from rlbook.rollout import generate_rollouts
 from rlbook.tasks.preferences import build_preference_pairs
-from rlbook.trainer import Trainer, preset
 
 RESULTS = Path(__file__).parent / "results" / "rlhf_overopt.json"
 POLICY = "arithmetic"
@@ -44,8 +43,8 @@ CONTROL_BETA = 0.01  # the control arm ("gold_reward"): PPO on the task's own re
 STEPS, EVAL_EVERY = 40, 10
 RL = dict(learning_rate=3e-4, num_generations=8, per_device_train_batch_size=64, max_completion_length=8,
           eval_every=EVAL_EVERY, eval_size=128)
-KEEP = ("reward", "accuracy", "kl_ref", "kl_ref_sequence", "value_loss", "explained_variance", "clip_frac",
-        "approx_kl", "completion_length", "beta")
+LOGGED = ("reward", "accuracy", "objective/kl_per_token", "objective/kl", "loss/value", "explained_variance",
+          "clip_ratio/region_mean", "approx_kl", "completions/mean_length", "beta")
 
 
 def train_reward(base, steps: int | None = None) -> tuple:
@@ -77,55 +76,39 @@ def value_from_reward_model(policy, reward_model, mean: float, std: float):
     return value_model
 
 
-def train_one(beta: float, seed: int, base, reward_model, stats, steps: int = STEPS) -> dict:
-    """One PPO run against the learned reward (or, with ``reward_model=None``, against the task's rule): per-step
+def run_one(name: str, arm: Arm, seed: int, reward_model, stats, steps: int = STEPS) -> dict:
+    """One PPO run against the learned reward (or, for the ``gold_reward`` arm, against the task's rule): per-step
     metrics and the held-out gold accuracy."""
-    torch.set_num_threads(1)
-    policy, tokenizer = copy.deepcopy(base[0]), base[1]
-    config = preset("ppo", beta=beta, seed=seed, max_steps=steps, **RL)
-    if reward_model is None:
-        trainer = Trainer(policy, tokenizer, RECIPES[POLICY].make_task(), config)
-    else:
-        scorer = RewardModelScorer(reward_model, tokenizer, mean=stats[0], std=stats[1], clip=10.0)
-        value_model = value_from_reward_model(policy, reward_model, *stats)
-        trainer = Trainer(policy, tokenizer, RECIPES[POLICY].make_task(), config, value_model=value_model,
-                          reward_fn=scorer)
-    eval_steps, eval_accuracy = [0], [trainer.evaluate()]
-    history = trainer.train(progress=False)
-    for m in history:
-        if "eval_accuracy" in m:
-            eval_steps.append(m["step"])
-            eval_accuracy.append(m["eval_accuracy"])
-    out = {key: [m[key] for m in history] for key in KEEP if key in history[0]}
-    return {**out, "eval_steps": eval_steps, "eval_accuracy": eval_accuracy}
+    learned = {}
+    if name != "gold_reward":
+        policy, tokenizer = load_base_policy(POLICY)
+        learned = dict(reward_fn=RewardModelScorer(reward_model, tokenizer, mean=stats[0], std=stats[1], clip=10.0),
+                       value_model=value_from_reward_model(policy, reward_model, *stats))
+    return train_run(POLICY, arm, seed, logged=LOGGED, **learned, **RL, max_steps=steps)
 
 
-def run(betas=BETAS, seeds=(0, 1, 2, 3, 4), steps: int = STEPS, reward_steps: int | None = None,
-        out_path: Path | None = None) -> dict:
+def run(betas=BETAS, seeds=range(5), steps: int = STEPS, reward_steps: int | None = None, out: Path | None = None,
+        processes: int | None = 1, arguments: dict | None = None) -> dict:
     torch.set_num_threads(1)
-    base = load_base_policy(POLICY)
-    reward_model, history, stats = train_reward(base, reward_steps)
-    out = {"seeds": list(seeds), "betas": list(betas), "steps": steps, "rl": RL, "reward_model": REWARD_MODEL,
-           "checkpoint_sha256": load_manifest(POLICY)["sha256"]["model.safetensors"],
-           "reward_model_eval_steps": history.eval_steps, "reward_model_pair_accuracy": history.eval_accuracy,
-           "score_mean": stats[0], "score_std": stats[1], "control_beta": CONTROL_BETA,
-           "runs": {**{str(b): [] for b in betas}, "gold_reward": []}}
-    for seed in seeds:  # seed-major, so that a partial file holds every arm for the first seeds
-        for beta in betas:
-            out["runs"][str(beta)].append(train_one(beta, seed, base, reward_model, stats, steps))
-        out["runs"]["gold_reward"].append(train_one(CONTROL_BETA, seed, base, None, None, steps))
-        if out_path is not None:
-            out_path.write_text(json.dumps(out, indent=1) + "\n")
-    return out
+    reward_model, history, stats = train_reward(load_base_policy(POLICY), reward_steps)
+    arms = {**{str(b): Arm("ppo", beta=b) for b in betas}, "gold_reward": Arm("ppo", beta=CONTROL_BETA)}
+    extra = {"betas": list(betas), "control_beta": CONTROL_BETA, "steps": steps, "reward_model": REWARD_MODEL,
+             "reward_model_eval_steps": history.eval_steps, "reward_model_pair_accuracy": history.eval_accuracy,
+             "score_mean": stats[0], "score_std": stats[1]}
+    return run_experiment("rlhf_overopt", partial(run_one, reward_model=reward_model, stats=stats, steps=steps),
+                          arms, seeds, out=out, common={**RL, "max_steps": steps}, extra=extra,
+                          processes=processes, steps_per_run=steps, arguments=arguments, checkpoints=[POLICY],
+                          description=__doc__.splitlines()[0])
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--processes", type=int, default=None, help="worker processes (default: one per core)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    args.out.parent.mkdir(parents=True, exist_ok=True)  # run() writes partial results there as it goes
-    write_results(args.out, lambda: run(seeds=tuple(range(args.seeds)), out_path=args.out))
+    run(seeds=range(args.seeds), out=args.out, processes=args.processes,
+        arguments={k: str(v) for k, v in vars(args).items()})
 
 
 if __name__ == "__main__":
