@@ -94,8 +94,10 @@ def test_one_adversarial_round_updates_both_players(base):
     assert not all(torch.allclose(a, b) for a, b in zip(encoder_before, encoder.parameters()))
     assert out["trainer"].value_model is not None and out["trainer"].value_model is not encoder  # E29
     assert out["trainer"].config.beta == pytest.approx(0.01)
-    last = out["history"][-1]
+    first, last = out["history"]
     assert 0.0 <= last["gold"] <= 1.0 and np.isfinite(last["reward"]) and np.isfinite(last["encoder_loss"])
+    # the trainer's KL metric, averaged over the round (round 0 has no samples yet)
+    assert first["objective/kl_per_token"] == 0.0 and np.isfinite(last["objective/kl_per_token"])
 
 
 def test_fresh_pairs_put_the_reference_first_and_skip_copies(base):

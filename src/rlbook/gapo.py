@@ -36,7 +36,8 @@ from rlbook.reward_model import (
     train_reward_model,
 )
 from rlbook.tasks.preferences import PreferencePair, build_preference_pairs
-from rlbook.trainer import Trainer, preset
+from rlbook.presets import preset
+from rlbook.trainer import Trainer
 
 ENCODER_SIZES = {  # hidden size, layers, heads, feed-forward size
     "tiny": (32, 1, 2, 64),
@@ -142,7 +143,8 @@ def fresh_pairs(task, seen) -> list[PreferencePair]:
 @dataclass
 class GAPOConfig:
     """Knobs of :func:`train_gapo`. ``encoder_steps=0`` gives the control: PPO against the frozen warmed-up
-    encoder. ``rl`` overrides the ``"ppo"`` preset (TRL names); ``beta`` is its KL coefficient (in the reward, as PPO's)."""
+    encoder. ``rl`` overrides the ``"ppo"`` preset (TRL names); ``beta`` is its KL coefficient (in the reward, as
+    PPO's)."""
 
     rounds: int = 4
     generator_steps: int = 5  # PPO steps per round
@@ -179,8 +181,9 @@ def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, enc
     Returns ``{"history": [...], "warmup_accuracy": [before, after], "encoder": model, "trainer": trainer}``; the
     history holds one dict per round (round 0: before any PPO step) with the encoder's held-out pair accuracy
     (``pair_accuracy``), the mean encoder ``reward`` and gold rate on training samples (``train_gold``), the
-    gold constraint-satisfaction rate on held-out prompts by the task's rule (``gold``) and ``kl`` (the mean per-token k1 to the reference of the round's samples, the trainer's
-    ``objective/kl_per_token``)."""
+    gold constraint-satisfaction rate on held-out prompts by the task's rule (``gold``) and
+    ``objective/kl_per_token``, the round's mean of the trainer's metric of that name (the per-token k1 to the
+    reference of the samples; 0 in round 0)."""
     config = config or GAPOConfig()
     device = device if device is not None else next(policy.parameters()).device
     train_pairs = build_preference_pairs(task, config.num_train_pairs, seed=[config.seed, 1], split="train")
@@ -198,8 +201,8 @@ def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, enc
                       value_model=build_value_model(policy, seed=config.seed))
     optimizer = torch.optim.AdamW(encoder.parameters(), lr=config.encoder_lr)
     rng = np.random.default_rng([config.seed, 3])
-    history = [dict(round=0, pair_accuracy=warmup[1], gold=trainer.evaluate(), reward=float("nan"),
-                    train_gold=float("nan"), kl=0.0, encoder_loss=float("nan"))]
+    history = [{"round": 0, "pair_accuracy": warmup[1], "gold": trainer.evaluate(), "reward": float("nan"),
+                "train_gold": float("nan"), "objective/kl_per_token": 0.0, "encoder_loss": float("nan")}]
     for round_ in range(1, config.rounds + 1):
         scorer.seen.clear()
         steps = trainer.train(config.generator_steps, progress=False)[-config.generator_steps:]
@@ -210,9 +213,9 @@ def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, enc
             batch = [fresh[i] for i in rng.integers(len(fresh), size=n_fresh)] if n_fresh else []
             batch += [train_pairs[i] for i in rng.integers(len(train_pairs), size=config.encoder_batch_size - n_fresh)]
             losses.append(bradley_terry_step(encoder, optimizer, tokenizer, batch, encoder_scores))
-        history.append(dict(round=round_, pair_accuracy=pair_accuracy(encoder, tokenizer, test_pairs, encoder_scores),
-                            gold=trainer.evaluate(), reward=float(np.mean([s["reward"] for s in steps])),
-                            train_gold=float(np.mean([s["accuracy"] for s in steps])),
-                            kl=float(np.mean([s.get("objective/kl_per_token", 0.0) for s in steps])),
-                            encoder_loss=float(np.mean(losses)) if losses else float("nan")))
+        history.append({"round": round_, "pair_accuracy": pair_accuracy(encoder, tokenizer, test_pairs, encoder_scores),
+                        "gold": trainer.evaluate(), "reward": float(np.mean([s["reward"] for s in steps])),
+                        "train_gold": float(np.mean([s["accuracy"] for s in steps])),
+                        "objective/kl_per_token": float(np.mean([s.get("objective/kl_per_token", 0.0) for s in steps])),
+                        "encoder_loss": float(np.mean(losses)) if losses else float("nan")})
     return {"history": history, "warmup_accuracy": warmup, "encoder": encoder, "trainer": trainer}
