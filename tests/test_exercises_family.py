@@ -24,6 +24,7 @@ def test_accepts_the_answers(capsys):
     ("no_difficulty_bias", {"scale_rewards": "batch"}, "does not give"),
     ("token_mean", {"loss_type": "dr_grpo"}, "does not give"),
     ("token_mean", {"no_such_field": 1}, "fails"),
+    ("no_reference", {"kl_coef": 0.0}, "did you mean 'beta'"),  # another library's name: the hint is passed on
 ])
 def test_rejects_wrong_answers(goal, overrides, message):
     with pytest.raises(AssertionError, match=message):

@@ -35,7 +35,7 @@ def check_family_changes(answers: dict | Callable[[str], dict]) -> None:
     """Check the reader's overrides of the ``"grpo"`` preset for every goal in :data:`GOALS`; prints ``ok``.
 
     ``answers`` is a dict from goal to overrides, or a function ``overrides_for(goal) -> dict``."""
-    from rlbook.trainer import preset
+    from rlbook.presets import preset
 
     if callable(answers):
         answers = {goal: call_reader(answers, (goal,), f"  the goal was {goal!r}") for goal in GOALS}
