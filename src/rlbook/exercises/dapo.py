@@ -7,7 +7,8 @@ prints ``ok`` when everything agrees.
 - :func:`check_soft_overlong_penalty`: ``fn(lengths, max_length, cache_length) -> (B,)``, DAPO's soft overlong
   punishment: 0 up to ``L_max - L_cache``, then ``((L_max - L_cache) - |y|) / L_cache`` down to -1 at ``L_max``,
   and -1 beyond (the reference is :func:`rlbook.tasks.shaping.soft_overlong_penalty`). The usual mistakes: a ramp
-  that starts at ``L_max`` instead of ``L_max - L_cache``, and a strict ``<`` at a knot.
+  that starts at ``L_max`` instead of ``L_max - L_cache``, or one that is off by a token. The lengths always include
+  both knots; the penalty is continuous there, so ``<`` and ``<=`` at a knot are both right.
 - :func:`check_informative_groups`: ``fn(rewards, num_generations) -> (N,) bool``, True for the groups whose rewards
   are not all equal: the groups dynamic sampling keeps (all-equal groups have zero advantage everywhere).
 """
@@ -68,7 +69,7 @@ def check_soft_overlong_penalty(fn: Callable, num_trials: int = NUM_TRIALS, seed
 
 def check_informative_groups(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(rewards, num_generations) -> (N,) bool`` with "not all rewards of the group are equal", on 0/1,
-    +-1 and real rewards (with and without DAPO's soft overlong penalty added)."""
+    +-1 and real-valued rewards (the trainer filters on the task's rewards, before any shaping)."""
     rng = np.random.default_rng(seed)
     for trial in range(num_trials):
         N, G = int(rng.integers(1, 7)), int(rng.integers(2, 9))
