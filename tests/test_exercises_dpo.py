@@ -18,6 +18,15 @@ def test_checker_accepts_a_solution_and_the_reference(capsys):
     assert capsys.readouterr().out == "ok\nok\n"
 
 
+def test_checker_accepts_detached_reference_log_probs(capsys):
+    """The reference model is frozen: detaching its log-probs (as TRL does) is right, not a mistake."""
+    def detached(chosen, rejected, ref_chosen, ref_rejected, beta):
+        return dpo(chosen, rejected, ref_chosen.detach(), ref_rejected.detach(), beta)
+
+    check_dpo_loss(detached)
+    assert capsys.readouterr().out == "ok\n"
+
+
 def test_checker_rejects_typical_mistakes():
     def beta_twice(chosen, rejected, ref_chosen, ref_rejected, beta):  # erratum E12
         r_w, r_l = beta * (chosen - ref_chosen), beta * (rejected - ref_rejected)

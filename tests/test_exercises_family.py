@@ -15,7 +15,8 @@ RIGHT = {
 def test_accepts_the_answers(capsys):
     check_family_changes(RIGHT)
     check_family_changes({**RIGHT, "token_mean": {"loss_type": "bnpo"}})
-    assert capsys.readouterr().out.strip().splitlines() == ["ok", "ok"]
+    check_family_changes({**RIGHT, "sequence_ratio": {"importance_sampling_level": "sequence_token"}})  # GSPO-token
+    assert capsys.readouterr().out.strip().splitlines() == ["ok", "ok", "ok"]
 
 
 @pytest.mark.parametrize("goal, overrides, message", [

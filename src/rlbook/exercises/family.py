@@ -22,8 +22,10 @@ START = "grpo"
 # goal -> (the slot's config fields, a test that the goal is met, what the goal asks)
 GOALS = {
     "no_reference": (("beta",), lambda c: c.beta == 0, "no reference model held (beta = 0)"),
-    "sequence_ratio": (("importance_sampling_level",), lambda c: c.importance_sampling_level == "sequence",
-                       "one ratio per completion (importance_sampling_level='sequence')"),
+    "sequence_ratio": (("importance_sampling_level",),
+                       lambda c: c.importance_sampling_level in ("sequence", "sequence_token"),
+                       "one ratio per completion (importance_sampling_level='sequence', or 'sequence_token', which "
+                       "the GSPO chapter shows is the same with per-completion advantages)"),
     "no_difficulty_bias": (("scale_rewards",), lambda c: c.scale_rewards == "none",
                            "advantages not divided by the group's std (scale_rewards='none')"),
     "token_mean": (("loss_type",), lambda c: c.loss_type in ("dapo", "bnpo"),
