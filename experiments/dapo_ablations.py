@@ -12,7 +12,8 @@ records per-step metrics:
   trained on (``dynamic_sampling/groups``) and the generation rounds each step needed (``dynamic_sampling/rounds``).
 - ``overlong``: without and with overlong reward shaping (overlong filtering plus the soft overlong punishment) on
   the sort_scratchpad policy under a budget that cuts off its rambling answers. Records the truncation rate
-  ``completions/clipped_ratio``.
+  ``completions/clipped_ratio``. ``overlong_pm1`` is the same ablation with DAPO's +-1 rewards
+  (``incorrect_reward=-1``) instead of the task's 0/1.
 
 The arms are named ``<ablation>/<arm>`` (``clip/symmetric``, ``clip/clip_higher``, ``dynamic/off``, ...).
 
@@ -47,6 +48,11 @@ ABLATIONS = {  # ablation: (base policy, settings of both arms, {arm: its own se
 }
 ARMS = {f"{ablation}/{arm}": Arm("dapo", task=policy, **shared, **own)
         for ablation, (policy, shared, arms) in ABLATIONS.items() for arm, own in arms.items()}
+# The overlong ablation again with DAPO's +-1 rewards (the task's 0/1 above): with 0/1 the penalty's -1 is the whole
+# right/wrong gap, so a long right answer can score below a short wrong one; with +-1 it stays above it.
+_, _shared, _arms = ABLATIONS["overlong"]
+ARMS.update({f"overlong_pm1/{arm}": Arm("dapo", task="sort_scratchpad", task_kwargs={"incorrect_reward": -1.0},
+                                        **_shared, **own) for arm, own in _arms.items()})
 LOGGED = ("reward", "accuracy", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std",
           "dynamic_sampling/rounds", "dynamic_sampling/groups", "clip_ratio/low_mean", "clip_ratio/high_mean",
           "neg_logp")
@@ -73,15 +79,17 @@ def run_one(name: str, arm: Arm, seed: int) -> dict:
     return record
 
 
-def run(arms=tuple(ARMS), seeds=(0, 1, 2, 3, 4), *, steps=None, out=None, processes=None, arguments=None) -> dict:
-    """Run ``arms`` (names of :data:`ARMS`) for ``seeds``; ``steps`` shortens every run (the tests)."""
+def run(arms=tuple(ARMS), seeds=(0, 1, 2, 3, 4), *, steps=None, out=None, processes=None, arguments=None,
+        merge=False) -> dict:
+    """Run ``arms`` (names of :data:`ARMS`) for ``seeds``; ``steps`` shortens every run (the tests); ``merge`` keeps
+    the stored file's other arms."""
     chosen = {name: ARMS[name] for name in arms}
     if steps is not None:
-        chosen = {name: Arm("dapo", task=arm.task, **{**arm.overrides, "max_steps": steps})
+        chosen = {name: Arm("dapo", task=arm.task, task_kwargs=arm.task_kwargs, **{**arm.overrides, "max_steps": steps})
                   for name, arm in chosen.items()}
     return run_experiment("dapo_ablations", run_one, chosen, seeds, out=out, common=COMMON, processes=processes,
                           steps_per_run=lambda name, arm: arm.overrides["max_steps"], arguments=arguments,
-                          checkpoints=sorted({arm.task for arm in chosen.values()}),
+                          checkpoints=sorted({arm.task for arm in chosen.values()}), merge=merge,
                           description=__doc__.splitlines()[0],
                           summary={"last-10 accuracy": lambda r: np.mean(r["metrics"]["accuracy"][-10:])})
 
@@ -93,9 +101,10 @@ def main():
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: each ablation's own)")
     parser.add_argument("--processes", type=int, default=None, help="worker processes (default: one per core)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--merge", action="store_true", help="keep the stored file's other arms")
     args = parser.parse_args()
     run(tuple(args.arms), seeds=range(args.seeds), steps=args.steps, out=args.out, processes=args.processes,
-        arguments={**vars(args), "out": str(args.out)})
+        arguments={**vars(args), "out": str(args.out)}, merge=args.merge)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_dapo_ablations_reduced_run():
     script = load_script("dapo_ablations")
     result = script.run(seeds=(0,), steps=2, processes=1)
-    assert set(result["runs"]) == set(script.ARMS) == {f"{ablation}/{arm}" for ablation, (_, _, arms)
-                                                       in script.ABLATIONS.items() for arm in arms}
+    ablations = {f"{ablation}/{arm}" for ablation, (_, _, arms) in script.ABLATIONS.items() for arm in arms}
+    assert set(result["runs"]) == set(script.ARMS) == ablations | {"overlong_pm1/off", "overlong_pm1/on"}
     for name, (record,) in result["runs"].items():
         metrics = record["metrics"]
         assert record["config"]["max_steps"] == 2 and len(metrics["reward"]) == 2
@@ -26,6 +26,12 @@ def test_dapo_ablations_reduced_run():
     for groups, used in zip(dynamic["dynamic_sampling/groups"], dynamic["dynamic_sampling/rounds"]):
         assert 1 <= used <= rounds and (groups == prompts or used == rounds)  # full batch unless out of rounds
     assert "dynamic_sampling/rounds" not in result["runs"]["dynamic/off"][0]["metrics"]
+    # the +-1 arms are the overlong arms with incorrect_reward = -1
+    for arm in ("off", "on"):
+        assert result["runs"][f"overlong_pm1/{arm}"][0]["config"] == result["runs"][f"overlong/{arm}"][0]["config"]
+        assert script.ARMS[f"overlong_pm1/{arm}"].task_kwargs == {"incorrect_reward": -1.0}
+    assert min(result["runs"]["overlong/off"][0]["metrics"]["reward"]) >= 0  # unshaped 0/1 rewards
+    assert min(result["runs"]["overlong_pm1/off"][0]["metrics"]["reward"]) < 0  # unshaped +-1 rewards
     # the arms differ only where the ablation says: the clip arms in epsilon_high
     configs = {name: result["runs"][name][0]["config"] for name in ("clip/symmetric", "clip/clip_higher")}
     assert {k for k in configs["clip/symmetric"] if configs["clip/symmetric"][k] != configs["clip/clip_higher"][k]} \

@@ -359,7 +359,8 @@ def print_summary(result: dict, summary: dict[str, Callable[[dict], float]] | No
         for f in summary.values():
             mean, low, high = mean_interval([f(r) for r in runs])
             cells.append(f"{mean:.4g} [{low:.4g}, {high:.4g}]")
-        seconds = np.mean([r.get("seconds", np.nan) for r in runs])
+        timed = [r["seconds"] for r in runs if r.get("seconds") is not None]  # converted old records have none
+        seconds = np.mean(timed) if timed else np.nan
         print(f"{arm_name:<24} {len(runs):>5} " + " ".join(f"{c:>26}" for c in cells) + f" {seconds:>7.1f}")
 
 
