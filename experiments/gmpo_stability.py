@@ -11,7 +11,8 @@ one update per rollout). Three methods at each, no KL term in any:
   so that it differs from GMPO in the mean alone;
 - ``gmpo``: the trainer's ``gmpo`` preset (geometric mean of the token ratios, clipped in log space at +-0.4).
 
-Logged per step (:data:`LOGGED`; means over the step's updates unless noted): reward, ``clip_ratio/region_mean``,
+Logged per step (:data:`LOGGED`; means over the step's updates unless noted): reward, the sampling policy's mean
+token ``entropy`` (the study note says GMPO keeps it higher than GRPO), ``clip_ratio/region_mean``,
 ``approx_kl``, the extreme token ratios seen during the updates (``ratio/min``, ``ratio/max``), and, from
 :class:`rlbook.callbacks.PostUpdateRatios`, the spread of the rollout's log-ratios under the policy after the
 step's eight updates: the largest |log rho_t| over tokens (``post_update/max_abs_log_ratio_token``) and the largest
@@ -41,7 +42,7 @@ METHODS = {"grpo": Arm("grpo", epsilon=0.2), "grpo_wide": Arm("grpo", **WIDE), "
 ARMS = {f"{name}{tag}": Arm(arm.preset, **arm.overrides, learning_rate=lr)
         for tag, lr in LEARNING_RATES.items() for name, arm in METHODS.items()}
 STEPS = 100
-LOGGED = ("reward", "clip_ratio/region_mean", "approx_kl", "ratio/min", "ratio/max",
+LOGGED = ("reward", "entropy", "clip_ratio/region_mean", "approx_kl", "ratio/min", "ratio/max",
           "post_update/max_abs_log_ratio_token", "post_update/max_abs_log_ratio_sequence")
 
 
