@@ -683,3 +683,16 @@ def test_lambda_grpo_floor_keeps_the_weights_finite_and_r_is_differentiable():
 def test_lambda_grpo_bad_input_is_a_clear_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_positive_example_nll_is_the_token_mean_nll_of_the_correct_completions_only():
+    from rlbook.objectives import positive_example_nll
+
+    logp = torch.tensor([[-0.5, -1.0, -9.0], [-2.0, -3.0, -4.0], [-7.0, -7.0, -7.0]])
+    loss_mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 1]], dtype=torch.bool)
+    correct = torch.tensor([True, True, False])
+    # the correct rows' loss tokens: -0.5, -1.0 (row 0; -9.0 is outside the mask) and -2, -3, -4 (row 1)
+    assert positive_example_nll(logp, loss_mask, correct).item() == pytest.approx((0.5 + 1.0 + 2 + 3 + 4) / 5)
+    assert positive_example_nll(logp, loss_mask, torch.zeros(3, dtype=torch.bool)) is None
+    with pytest.raises(ValueError, match="one entry per row"):
+        positive_example_nll(logp, loss_mask, correct[:2])

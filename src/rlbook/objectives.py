@@ -611,6 +611,20 @@ def _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_ty
             raise ValueError(f"response_weights must be finite and >= 0, got {response_weights.tolist()[:8]}")
 
 
+def positive_example_nll(logp: torch.Tensor, loss_mask: torch.Tensor, correct: torch.Tensor) -> torch.Tensor | None:
+    """VAPO's positive-example language-model loss (eq-vapo-nll): the token-mean negative log-likelihood
+    −Σ m_t c_i log π_θ(o_t) / Σ m_t c_i over the loss tokens (``loss_mask`` (B, T)) of the completions the task calls
+    correct (``correct`` (B,) bool), whatever reward drove the advantages. None when no correct completion has a
+    loss token (the term is then absent, not 0/0)."""
+    if correct.shape != loss_mask.shape[:1]:
+        raise ValueError(f"correct must have one entry per row, shape {tuple(loss_mask.shape[:1])}, "
+                         f"got {tuple(correct.shape)}")
+    correct_tokens = loss_mask * correct[:, None]
+    if not bool(correct_tokens.any()):
+        return None
+    return -masked_mean(logp, correct_tokens)
+
+
 def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,

@@ -35,6 +35,7 @@ from rlbook.objectives import (
     lambda_grpo_weights,
     masked_mean,
     policy_loss,
+    positive_example_nll,
     rlhf_token_rewards,
     value_loss,
 )
@@ -352,10 +353,8 @@ class Trainer:
                     importance_sampling_level=config.importance_sampling_level, response_weights=weights,
                 )
                 metrics["loss/policy"] = loss.item()
-                correct_tokens = loss_mask * scored.correct[rows, None]
-                if config.nll_coef > 0 and bool(correct_tokens.any()):
-                    # VAPO: imitate the correct completions too (a token-mean NLL over them only, eq-vapo-nll)
-                    nll = -masked_mean(logp, correct_tokens)
+                nll = positive_example_nll(logp, loss_mask, scored.correct[rows]) if config.nll_coef > 0 else None
+                if nll is not None:  # VAPO: imitate the correct completions too
                     loss = loss + config.nll_coef * nll / accumulate
                     metrics["loss/nll"] = nll.item()
             if self.value_model is not None:
