@@ -5,7 +5,7 @@ records per-step metrics:
 
 - ``clip``: symmetric clipping (epsilon = epsilon_high = 0.2) against clip-higher (0.2 / 0.28) on the arithmetic
   policy, with four optimizer steps per rollout (so the later ones are off-policy and the clip acts). Records the
-  entropy proxy ``neg_logp`` (mean -log pi of the sampled completion tokens, :class:`SampledNegLogp`) and the
+  trainer's ``entropy`` (the exact mean entropy of the sampling distribution over the completion tokens) and the
   clip fractions ``clip_ratio/low_mean`` and ``clip_ratio/high_mean``.
 - ``dynamic``: without and with dynamic sampling on the arithmetic policy. Records the fraction of groups whose
   rewards are all equal in the first generation round (``frac_reward_zero_std``), the informative groups the update
@@ -27,9 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlbook.callbacks import TrainerCallback
 from rlbook.experiment import Arm, run_experiment, train_run
-from rlbook.objectives import masked_mean
 
 RESULTS = Path(__file__).parent / "results" / "dapo_ablations.json"
 # Shared by every run: 8 prompts x G = 8 completions per step; DAPO's other techniques off unless the ablation
@@ -53,28 +51,15 @@ ARMS = {f"{ablation}/{arm}": Arm("dapo", task=policy, **shared, **own)
 _, _shared, _arms = ABLATIONS["overlong"]
 ARMS.update({f"overlong_pm1/{arm}": Arm("dapo", task="sort_scratchpad", task_kwargs={"incorrect_reward": -1.0},
                                         **_shared, **own) for arm, own in _arms.items()})
-LOGGED = ("reward", "accuracy", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std",
-          "dynamic_sampling/rounds", "dynamic_sampling/groups", "clip_ratio/low_mean", "clip_ratio/high_mean",
-          "neg_logp")
-
-
-class SampledNegLogp(TrainerCallback):
-    """``neg_logp``: the mean of -log pi over the sampled completion tokens of the step's
-    rollout (after dynamic sampling's filter), at the sampling temperature: a one-sample
-    estimate of the per-token entropy. The trainer's own ``entropy`` is the exact entropy
-    of each next-token distribution; the stored ablation was made with this estimate."""
-
-    metrics = {"neg_logp": "mean -log pi(o_t) over the step's sampled completion tokens"}
-
-    def on_rollout_end(self, trainer, rollout):
-        mask = rollout.batch.completion_mask.float()
-        return {"neg_logp": masked_mean(-rollout.batch.logprobs, mask).item()}
+LOGGED = ("reward", "accuracy", "entropy", "completions/mean_length", "completions/clipped_ratio",
+          "frac_reward_zero_std", "dynamic_sampling/rounds", "dynamic_sampling/groups", "clip_ratio/low_mean",
+          "clip_ratio/high_mean")
 
 
 def run_one(name: str, arm: Arm, seed: int) -> dict:
     """One run of arm ``name``: per-step metrics of :data:`LOGGED`, without the keys the arm never logs (dynamic
     sampling's, when it is off)."""
-    record = train_run(arm.task, arm, seed, callbacks=[SampledNegLogp()], logged=LOGGED, **COMMON)
+    record = train_run(arm.task, arm, seed, logged=LOGGED, **COMMON)
     record["metrics"] = {k: v for k, v in record["metrics"].items() if any(x is not None for x in v)}
     return record
 
