@@ -20,3 +20,13 @@ def load_stored(name):
     path = EXPERIMENTS / "results" / f"{name}.json"
     assert path.exists(), f"{path} is missing: run experiments/{name}.py (a chapter reads it)"
     return json.loads(path.read_text())
+
+
+def assert_same_layout(written: dict, stored: dict, arm: str) -> None:
+    """A fresh run's results have the stored file's layout, key for key: the top level, the provenance record, and
+    one record of ``arm`` with its metrics and config."""
+    assert list(written) == list(stored)
+    assert set(written["provenance"]) <= set(stored["provenance"])
+    new, old = written["runs"][arm][0], stored["runs"][arm][0]
+    assert list(new) == list(old) and list(new["metrics"]) == list(old["metrics"])
+    assert list(new["config"]) == list(old["config"])

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from experiment_scripts import load_script, load_stored
+from experiment_scripts import assert_same_layout, load_script, load_stored
 
 from rlbook.presets import preset
 
@@ -57,9 +57,4 @@ def test_grpo_training_writes_the_stored_layout(tmp_path):
     out = tmp_path / "grpo_training.json"
     script.main(["--algorithms", "grpo", "--seeds", "1", "--steps", "1", "--eval-every", "1", "--eval-size", "8",
                  "--processes", "1", "--out", str(out)])
-    written, stored = json.loads(out.read_text()), load_stored("grpo_training")
-    assert list(written) == list(stored)
-    assert set(written["provenance"]) <= set(stored["provenance"])
-    new, old = written["runs"]["grpo"][0], stored["runs"]["grpo"][0]
-    assert list(new) == list(old) and list(new["metrics"]) == list(old["metrics"])
-    assert list(new["config"]) == list(old["config"])
+    assert_same_layout(json.loads(out.read_text()), load_stored("grpo_training"), "grpo")

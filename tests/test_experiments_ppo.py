@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from experiment_scripts import load_script, load_stored
+from experiment_scripts import assert_same_layout, load_script, load_stored
 
 from rlbook.presets import preset
 
@@ -36,12 +36,7 @@ def test_ppo_compare_writes_the_stored_layout(tmp_path):
     out = tmp_path / "ppo_compare.json"
     script.main(["--algorithms", "reinforce_baseline", "--seeds", "1", "--steps", "1", "--eval-every", "1",
                  "--eval-size", "8", "--processes", "1", "--out", str(out)])
-    written, stored = json.loads(out.read_text()), load_stored("ppo_compare")
-    assert list(written) == list(stored)
-    assert set(written["provenance"]) <= set(stored["provenance"])
-    new, old = written["runs"]["reinforce_baseline"][0], stored["runs"]["reinforce_baseline"][0]
-    assert list(new) == list(old) and list(new["metrics"]) == list(old["metrics"])
-    assert list(new["config"]) == list(old["config"])
+    assert_same_layout(json.loads(out.read_text()), load_stored("ppo_compare"), "reinforce_baseline")
 
 
 def test_ppo_compare_stored_results_match_the_script():
