@@ -450,3 +450,12 @@ def test_select_groups_and_concat_rollouts_keep_groups_whole(tokenizer):
         a.select_groups([2])
     with pytest.raises(ValueError, match="at least one batch"):
         concat_rollouts([], tokenizer.pad_token_id)
+
+
+def test_informative_groups_compares_rewards_exactly():
+    """A group of equal float rewards is not informative, even where its std is a rounding error above 0."""
+    from rlbook.rollout import informative_groups
+
+    # np.std([0.1, 0.1, 0.1]) is about 1.4e-17 here, so "std > 0" would call the first group informative
+    rewards = [0.1, 0.1, 0.1, 0.0, 1.0, 1.0, -1.0, -1.0, -1.0]
+    assert informative_groups(rewards, 3).tolist() == [False, True, False]

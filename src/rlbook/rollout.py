@@ -189,6 +189,13 @@ class ScoredRollout:
     metrics: dict = field(default_factory=dict)
 
 
+def informative_groups(rewards, num_generations: int) -> np.ndarray:
+    """(N,) bool: True for the groups whose ``num_generations`` contiguous rewards are not all equal (exactly, as
+    floats), the groups a group baseline gives a nonzero advantage."""
+    groups = np.asarray(rewards, dtype=np.float64).reshape(-1, num_generations)
+    return groups.max(-1) > groups.min(-1)
+
+
 def dynamic_sampling(sample_round: Callable[[int], Rollout], num_prompts: int, max_rounds: int,
                      pad_token_id: int) -> Rollout:
     """DAPO's dynamic sampling: keep only the groups whose rewards differ, and sample more until ``num_prompts``
@@ -202,7 +209,7 @@ def dynamic_sampling(sample_round: Callable[[int], Rollout], num_prompts: int, m
     kept = []
     for round_ in range(max_rounds):
         rollout = sample_round(round_)
-        informative = rollout.rewards.reshape(-1, rollout.batch.num_generations).std(-1) > 0
+        informative = informative_groups(rollout.rewards, rollout.batch.num_generations)
         if round_ == 0:
             first = rollout
             first.metrics["frac_reward_zero_std"] = float(np.mean(~informative))

@@ -46,6 +46,7 @@ from rlbook.rollout import (
     ScoredRollout,
     dynamic_sampling,
     generate_rollouts,
+    informative_groups,
     sequence_logprobs,
 )
 from rlbook.sft import sampled_accuracy
@@ -196,7 +197,7 @@ class Trainer:
                                        self.tokenizer.pad_token_id)
         else:
             rollout = sample_round(0)
-            rollout.metrics["frac_reward_zero_std"] = float(np.mean(rollout.rewards.reshape(-1, G).std(-1) == 0))
+            rollout.metrics["frac_reward_zero_std"] = float(np.mean(~informative_groups(rollout.rewards, G)))
         rollout.metrics["time/reward"] = time_reward
         return rollout
 

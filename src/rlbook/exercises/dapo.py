@@ -33,9 +33,11 @@ def reference_soft_overlong_penalty(lengths, max_length: int, cache_length: int)
 
 
 def reference_informative_groups(rewards, num_generations: int) -> np.ndarray:
-    """(N,) bool: True where the group's G contiguous rewards are not all equal (exactly, as floats)."""
-    groups = np.asarray(rewards, dtype=np.float64).reshape(-1, num_generations)
-    return groups.max(-1) > groups.min(-1)
+    """(N,) bool: True where the group's G contiguous rewards are not all equal (exactly, as floats): the package's
+    :func:`~rlbook.rollout.informative_groups`, which the trainer's dynamic sampling uses."""
+    from rlbook.rollout import informative_groups  # here, not at the top: it imports torch
+
+    return informative_groups(rewards, num_generations)
 
 
 # ---------------------------------------------------------------------------------------------- checkers
