@@ -1,0 +1,700 @@
+"""The book's text as a reader meets it, checked in the sources (issue 18).
+
+1. A source lint over book/**/*.md: a line that begins with a TeX control word without its backslash (the
+   signature of a lost backslash: "\\rVert" written through a Python string became a line break and "Vert"),
+   a paragraph whose `$` math does not close, a control character, and MyST roles with a broken form.
+2. Visible code fits the column: every line of a visible code cell of notebooks/**/*.ipynb and of its shown
+   text output, and every line of package code the book shows with `literalinclude`, is at most 100 characters.
+3. Results first: every chapter opens with its "At a glance" box, and every experiment figure is followed by a
+   results table and a `**Finding.**` line.
+
+Each check is a pure function of the text, so the planted-fault tests below feed it small strings with one
+fault each; the real chapters must pass with no finding. Run `python tests/test_book_text.py` to print every
+finding at once.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import types
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_CHARS = 100  # the column fits 100 monospace characters at 1280 px (the book's CSS)
+
+BOOK_MD = sorted(p for p in (ROOT / "book").rglob("*.md") if ".ipynb_checkpoints" not in p.parts)
+NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+
+
+def is_chapter(path: Path) -> bool:
+    text = path.read_text(encoding="utf-8")
+    return text.startswith("---") and "kernelspec:" in text.split("\n---", 1)[0]
+
+
+CHAPTERS = [p for p in BOOK_MD if p.parent.name.startswith("part") and is_chapter(p)]
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_absolute() and ROOT in path.parents else str(path)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading a MyST file: which lines are prose, math, code, directive options or metadata
+# ---------------------------------------------------------------------------------------------------------
+
+FENCE = re.compile(r"^(\s*)(`{3,}|~{3,}|:{3,})\s*(\{[^}]*\})?\s*(.*)$")
+CODE_DIRECTIVES = {"{code-cell}", "{literalinclude}", "{code}", "{code-block}", "{sourcecode}", "{raw}",
+                   "{eval-rst}", "{bibliography}", "{mermaid}"}
+MATH_DIRECTIVES = {"{math}"}
+OPTION = re.compile(r"^\s*:[\w-]+:(\s|$)")
+
+
+def classify(lines: list[str]) -> list[str]:
+    """One kind per line: 'prose', 'math', 'code', 'option', 'fence', 'meta' or 'blank'.
+
+    Fences follow CommonMark: a fence closes on a line of the same character, at least as long, with nothing
+    after it. Directives whose body is Markdown (admonitions, exercises, figures' captions) stay prose inside;
+    code cells, literal includes and plain code blocks are code; `{math}` blocks and `$$ ... $$` are math.
+    """
+    kinds = ["blank"] * len(lines)
+    stack: list[tuple[str, int, str]] = []  # (fence character, length, kind of the body)
+    in_options = False
+    i = 0
+    if lines and lines[0].strip() == "---":  # front matter
+        kinds[0] = "meta"
+        i = 1
+        while i < len(lines) and lines[i].strip() != "---":
+            kinds[i] = "meta"
+            i += 1
+        if i < len(lines):
+            kinds[i] = "meta"
+        i += 1
+    in_dollars = False
+    in_comment = False
+    for j in range(i, len(lines)):
+        line = lines[j]
+        body = stack[-1][2] if stack else "prose"
+        m = FENCE.match(line)
+        if m and stack and m.group(2)[0] == stack[-1][0] and len(m.group(2)) >= stack[-1][1] \
+                and not m.group(3) and not m.group(4).strip():
+            stack.pop()
+            kinds[j] = "fence"
+            in_options = False
+            continue
+        if body in ("code", "math"):
+            kinds[j] = body
+            continue
+        if m and not in_dollars:
+            directive = m.group(3) or ""
+            if directive in CODE_DIRECTIVES or (not directive and m.group(2)[0] != ":"):
+                kind = "code"
+            elif directive in MATH_DIRECTIVES:
+                kind = "math"
+            else:
+                kind = "prose"
+            stack.append((m.group(2)[0], len(m.group(2)), kind))
+            kinds[j] = "fence"
+            in_options = bool(directive)
+            continue
+        if in_options and OPTION.match(line):
+            kinds[j] = "option"
+            continue
+        in_options = False
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if in_comment or stripped.startswith("<!--"):
+            kinds[j] = "meta"
+            in_comment = "-->" not in stripped
+            continue
+        if stripped.startswith("%") or stripped.startswith("+++") or re.match(r"^\(\S+\)=$", stripped):
+            kinds[j] = "meta"  # MyST comments, cell separators, targets
+            continue
+        if in_dollars:
+            kinds[j] = "math"
+            if stripped.endswith("$$"):
+                in_dollars = False
+            continue
+        if stripped.startswith("$$"):
+            kinds[j] = "math"
+            in_dollars = not (len(stripped) > 2 and stripped.endswith("$$"))
+            continue
+        kinds[j] = "prose"
+    return kinds
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 1. The source lint
+# ---------------------------------------------------------------------------------------------------------
+
+# TeX control words that are no English word: at the start of a line, with or without what follows, they are a
+# command that lost its backslash. Also what \n and \r (a newline) leave of \nabla, \neq, \rangle, \right, ...
+TEX_ONLY = (
+    "Vert vert lVert rVert lvert rvert mathrm mathbb mathcal mathbf mathsf mathit mathop mathtt operatorname "
+    "frac dfrac tfrac sqrt textrm textbf textit texttt textsf boldsymbol cdot cdots ldots vdots ddots dots "
+    "langle rangle lfloor rfloor lceil rceil lbrace rbrace leq geq neq approx infty nabla propto "
+    "varepsilon varphi vartheta qquad quad overline underline widehat widetilde overbrace underbrace "
+    "mathbb xrightarrow rightarrow leftarrow Rightarrow Leftarrow Leftrightarrow leftrightarrow mapsto "
+    "ightarrow abla ight ightarrow onumber otin ewline eq ho iggl iggr displaystyle scriptstyle tag nonumber notag hline coloneqq sim simeq "
+    "equiv odot otimes oplus times setminus subseteq supseteq emptyset forall exists mid nmid Pr "
+    "begin end"
+).split()
+# Words English uses too: a command only when a TeX character follows ("sum_", "left(", "hat{", "log\\").
+TEX_COMMON = (
+    "sum prod int lim max min arg argmax argmin log exp sup inf det text hat bar tilde vec dot ddot big Big "
+    "bigl bigr Bigl Bigr left right in to not top bot pi mu nu rho tau phi psi chi eta beta alpha gamma delta "
+    "theta lambda sigma omega kappa zeta xi Delta Gamma Theta Lambda Sigma Omega Phi Psi Pi ell cos sin tan "
+    "underset overset stackrel color partial epsilon angle floor ceil brace"
+).split()
+TEX_START = re.compile(
+    r"^[\s$&=+\-*(]*(?:(?P<only>%s)(?![A-Za-z])|(?P<common>%s)(?=[{_^\\(\[|)\]$]))"
+    % ("|".join(sorted(set(TEX_ONLY), key=len, reverse=True)), "|".join(sorted(set(TEX_COMMON), key=len,
+                                                                                       reverse=True)))
+)
+# English words among them ("begin", "end", "times", ...) are TeX only with a "{" after; "eq." abbreviates.
+TEX_ENGLISH_GUARD = re.compile(r"^[\s$&=+\-*(]*((begin|end|tag|sim|mid|times|quad|Pr|dots)(?![{A-Za-z])|eq\.)")
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+ROLES = {"eq", "ref", "numref", "term", "doc", "download", "math", "sub", "sup", "abbr", "prf:ref",
+         "glue", "glue:text", "glue:any", "glue:md", "glue:figure", "cite", "cite:p", "cite:t", "cite:ps",
+         "cite:ts", "cite:alp", "cite:author", "cite:year", "cite:label", "footcite"}
+LABEL = r"[\w.:/-]+"
+ROLE_CONTENT = {  # what the text between the backticks must look like
+    "eq": re.compile(rf"{LABEL}"),
+    "glue": re.compile(r"[\w.-]+(:[^`\s]+)?"),
+    "glue:text": re.compile(r"[\w.-]+(:[^`\s]+)?"),
+    "glue:any": re.compile(r"[\w.-]+"),
+    "glue:md": re.compile(r"[\w.-]+(:[\w]+)?"),
+    "numref": re.compile(rf"({LABEL}|[^`<>]+<{LABEL}>)"),
+    "ref": re.compile(rf"({LABEL}|[^`<>]+<{LABEL}>)"),
+    "prf:ref": re.compile(rf"({LABEL}|[^`<>]+<{LABEL}>)"),
+    "doc": re.compile(r"([^`<>]+|[^`<>]+<[^`<>\s]+>)"),
+    "cite:p": re.compile(r"[\w.:-]+(,\s*[\w.:-]+)*"),
+    "cite:t": re.compile(r"[\w.:-]+(,\s*[\w.:-]+)*"),
+    "cite": re.compile(r"[\w.:-]+(,\s*[\w.:-]+)*"),
+}
+ROLE_USE = re.compile(r"\{([A-Za-z][\w:+-]*)\}`([^`]*)`")
+CODE_SPAN = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)")
+ROLE_NAMES = "|".join(re.escape(r) for r in sorted(ROLES, key=len, reverse=True))
+ROLE_MISSING_OPEN = re.compile(rf"(?<![{{\w:-])({ROLE_NAMES})\}}`")
+ROLE_MISSING_CLOSE = re.compile(rf"\{{({ROLE_NAMES})(`|\s+`)")
+ROLE_LOOSE = re.compile(rf"(?<![\w\\^_}}])\{{({ROLE_NAMES})\}}(?!`)")  # not TeX's \mathrm{ref}
+DOLLAR = re.compile(r"(?<!\\)\$")
+
+
+def mask_roles_and_code(line: str) -> str:
+    """The line with well-formed roles and code spans blanked out, so that their contents are not linted."""
+    line = ROLE_USE.sub(lambda m: "\0" * len(m.group(0)), line)
+    return CODE_SPAN.sub(lambda m: " " * len(m.group(0)), line)
+
+
+def lint_roles(line: str) -> list[str]:
+    faults = []
+    for m in ROLE_USE.finditer(line):
+        name, content = m.groups()
+        if name not in ROLES:
+            faults.append(f"unknown role {{{name}}}")
+        elif not content.strip():
+            faults.append(f"role {{{name}}} with empty content")
+        elif name in ROLE_CONTENT and not ROLE_CONTENT[name].fullmatch(content):
+            faults.append(f"role {{{name}}}`{content}` is malformed")
+    roles_masked = ROLE_USE.sub(lambda m: "\0" * len(m.group(0)), line)
+    for m in ROLE_MISSING_OPEN.finditer(roles_masked):
+        faults.append(f"role '{m.group(1)}}}`' has no opening brace")
+    for m in ROLE_MISSING_CLOSE.finditer(roles_masked):
+        faults.append(f"role '{{{m.group(1)}' has no closing brace before its backtick")
+    for m in ROLE_LOOSE.finditer(CODE_SPAN.sub(lambda m: " " * len(m.group(0)), roles_masked)):
+        faults.append(f"role {{{m.group(1)}}} without `content` right after it")
+    return faults
+
+
+def tex_start(line: str) -> str | None:
+    """The TeX word a line starts with, if it starts with a control word that lost its backslash."""
+    if TEX_ENGLISH_GUARD.match(line):
+        return None
+    m = TEX_START.match(line)
+    return (m.group("only") or m.group("common")) if m else None
+
+
+def paragraphs(lines: list[str], kinds: list[str]):
+    """Runs of consecutive prose lines: (first line number, lines)."""
+    run: list[str] = []
+    start = 0
+    for j, (line, kind) in enumerate(zip(lines, kinds)):
+        if kind == "prose":
+            if not run:
+                start = j
+            run.append(line)
+        elif run:
+            yield start, run
+            run = []
+    if run:
+        yield start, run
+
+
+def lint_text(text: str, name: str = "<text>") -> list[str]:
+    """Every finding of the source lint in one MyST file, as 'name:line: what is wrong'."""
+    lines = text.split("\n")
+    kinds = classify(lines)
+    faults = []
+    for j, (line, kind) in enumerate(zip(lines, kinds)):
+        where = f"{name}:{j + 1}"
+        if kind not in ("code",) and CONTROL.search(line.replace("\t", "")):
+            char = CONTROL.search(line.replace("\t", "")).group(0)
+            faults.append(f"{where}: control character {char!r} (a backslash escape such as \\f or \\b "
+                          "written through a Python string?)")
+        if kind in ("prose", "option") and "\t" in line:
+            faults.append(f"{where}: tab character in text (\\t of \\text or \\tau written through a Python "
+                          "string?)")
+        if kind in ("prose", "math"):
+            word = tex_start(line)
+            if word:
+                faults.append(f"{where}: line starts with TeX word '{word}' without its backslash: "
+                              f"{line.strip()[:40]!r}")
+        if kind in ("prose", "option"):
+            faults += [f"{where}: {f}" for f in lint_roles(line)]
+    for start, run in paragraphs(lines, kinds):
+        masked = [mask_roles_and_code(line).replace("$$", "") for line in run]
+        dollars = [len(DOLLAR.findall(line)) for line in masked]
+        if sum(dollars) % 2:
+            # the line where the last math span opened and did not close
+            opened, count = start, 0
+            for k, n in enumerate(dollars):
+                if count % 2 == 0 and n:
+                    opened = start + k
+                count += n
+            faults.append(f"{name}:{opened + 1}: '$' math opened in this paragraph does not close before the "
+                          f"paragraph ends (line {start + len(run)}): a stray line break inside math?")
+            continue
+        # roles are not expanded inside $...$: a role there is shown as text
+        marked = [CODE_SPAN.sub(lambda m: " " * len(m.group(0)), ROLE_USE.sub(
+            lambda m: f"\x01{m.group(1)}\x01", line)).replace("$$", "") for line in run]
+        pieces = DOLLAR.split("\n".join(marked))
+        for k in range(1, len(pieces), 2):
+            for m in re.finditer(r"\x01([\w:+-]+)\x01", pieces[k]):
+                line_no = start + "\n".join(pieces[:k]).count("\n") + 1
+                faults.append(f"{name}:{line_no}: role {{{m.group(1)}}} inside $...$ math is shown as text")
+    return faults
+
+
+@pytest.mark.parametrize("path", BOOK_MD, ids=rel)
+def test_source_lint(path):
+    faults = lint_text(path.read_text(encoding="utf-8"), rel(path))
+    assert not faults, "\n".join(faults)
+
+
+PLANTED_LINT = {
+    "lost \\rVert": "for a softmax, $\\lVert e_a - \\pi\nVert^2 = 1 - 2\\pi_a$ grows.\n",
+    "lost \\frac": "The mean is\nfrac{1}{G} \\sum_i r_i, which ...\n",
+    "lost \\mathrm in a math block": "```{math}\n:label: eq-x\n\\hat A =\nmathrm{std}(r)\n```\n",
+    "lost \\left": "the clip range\nleft( 1 - \\epsilon, 1 + \\epsilon \\right) bounds it\n",
+    "lost \\right": "the clip range $\\left( 1 - \\epsilon, 1 + \\epsilon\nright)$ bounds it\n",
+    "lost \\sum": "the loss\nsum_{i=1}^G A_i is\n",
+    "lost \\mathbb": "an expectation\nmathbb{E}[r] over prompts\n",
+    "\\r of \\rangle eaten": "the pair $\\langle a, b\nangle$ is\n",
+    "\\n of \\nabla eaten": "the gradient $\n\nabla_\\theta J$ is\n",
+    "\\f of \\frac eaten": "the mean $\x0crac{1}{G}$ of\n",
+    "\\t of \\text eaten": "the ratio $r_\\mathrm{x}\text{clip}$ is\n",
+    "math broken by a blank line": "the norm $\\lVert \\pi\n\n\\rVert^2$ grows as {eq}`eq-pg-x` says.\n",
+    "role inside math": "the weight $w = {glue:text}`pg_w`$ is\n",
+    "role without content": "as {eq} shows\n",
+    "role without opening brace": "as eq}`eq-pg-x` shows\n",
+    "role without closing brace": "as {numref`fig-pg-x` shows\n",
+    "role with a space before its content": "as {ref} `sec-x` shows\n",
+    "numref without closing angle": "see {numref}`Chapter %s (PPO) <chap-ppo` for\n",
+    "unknown role": "see {numrefs}`fig-x` for\n",
+    "empty role": "see {eq}`` for\n",
+    "glue name with a space": "is {glue:text}`pg ratio:.3f` here\n",
+}
+
+
+@pytest.mark.parametrize("name", PLANTED_LINT)
+def test_source_lint_catches_planted_fault(name):
+    assert lint_text(PLANTED_LINT[name]), f"the lint missed: {name}"
+
+
+def test_source_lint_passes_clean_text():
+    clean = (
+        "---\nkernelspec:\n  name: python3\n---\n\n(chap-x)=\n# Title\n\n"
+        "The norm $\\lVert \\pi\n\\rVert^2$ grows as {eq}`eq-pg-x` says; see {numref}`Chapter %s (PPO) <chap-ppo>`\n"
+        "and {glue:text}`pg_ratio:.3f` and `{eq}` in code, $x$ and $$y$$ and a price \\$5.\n"
+        "Left to right, the sum of the rewards; begin with the end. Mathematical text.\n\n"
+        "```{code-cell} ipython3\nx = 1  # $ unbalanced in code\nfrac{\n```\n\n"
+        "```{math}\n:label: eq-y\n\\frac{1}{2}\n\\left( x \\right)\n```\n\n"
+        "$$\n\\sum_i x_i\n$$\n\n"
+        ":::{admonition} At a glance\n:class: at-a-glance\n**Idea.** $a$ and $b$.\n:::\n"
+    )
+    assert lint_text(clean) == []
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 2. Visible code fits the column
+# ---------------------------------------------------------------------------------------------------------
+
+HIDDEN_SOURCE = {"remove-cell", "remove-input"}
+HIDDEN_OUTPUT = {"remove-cell", "remove-output"}
+# myst-nb shows the first of these an output has; text/plain only when there is nothing richer
+RICHER = ("application/vnd.jupyter.widget-view+json", "application/javascript", "text/html", "image/svg+xml",
+          "image/png", "image/jpeg", "text/markdown", "text/latex")
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def width(line: str) -> int:
+    """Columns a line takes in a monospace font: wide (CJK) characters count twice, tabs expand to 8."""
+    line = line.expandtabs(8)
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in line)
+
+
+def shown_text(output: dict) -> str:
+    """The text of one output as the book shows it ('' for images, HTML, glued values, errors' frames)."""
+    kind = output.get("output_type")
+    if kind == "stream":
+        return "".join(output.get("text", ""))
+    if kind in ("execute_result", "display_data"):
+        if "scrapbook" in output.get("metadata", {}):  # glue(): shown where it is glued, not here
+            return ""
+        data = output.get("data", {})
+        if any(m in data for m in RICHER) or "text/plain" not in data:
+            return ""
+        return "".join(data["text/plain"])
+    if kind == "error":
+        return f"{output.get('ename', '')}: {output.get('evalue', '')}"
+    return ""
+
+
+def long_lines_in_notebook(nb: dict, name: str) -> list[str]:
+    faults = []
+    code_index = 0
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        code_index += 1
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        where = f"{name} code cell {code_index}"
+        if not tags & HIDDEN_SOURCE:
+            for k, line in enumerate("".join(cell["source"]).splitlines(), 1):
+                if width(line) > MAX_CHARS:
+                    faults.append(f"{where}, line {k}: {width(line)} characters: {line.strip()[:50]!r}")
+        if not tags & HIDDEN_OUTPUT:
+            for output in cell.get("outputs", []):
+                for k, line in enumerate(ANSI.sub("", shown_text(output)).splitlines(), 1):
+                    if width(line) > MAX_CHARS:
+                        faults.append(f"{where}, output line {k}: {width(line)} characters: "
+                                      f"{line.strip()[:50]!r}")
+    return faults
+
+
+def test_visible_code_and_output_fit_the_column():
+    per_notebook = {}
+    for path in NOTEBOOKS:
+        faults = long_lines_in_notebook(json.loads(path.read_text(encoding="utf-8")), rel(path))
+        if faults:
+            per_notebook[rel(path)] = faults
+    if per_notebook:
+        counts = ", ".join(f"{name}: {len(f)}" for name, f in per_notebook.items())
+        first = [f for faults in per_notebook.values() for f in faults[:3]]
+        pytest.fail(f"lines over {MAX_CHARS} characters in visible code cells or their output ({counts})\n"
+                    + "\n".join(first))
+
+
+def test_line_length_rule_catches_planted_faults():
+    long = "x = " + "1 + " * 30 + "1"
+    cell = {"cell_type": "code", "metadata": {}, "source": long,
+            "outputs": [{"output_type": "stream", "name": "stdout", "text": "ok\n"}]}
+    assert long_lines_in_notebook({"cells": [cell]}, "nb"), "a long visible source line"
+    hidden = dict(cell, metadata={"tags": ["remove-input"]})
+    assert not long_lines_in_notebook({"cells": [hidden]}, "nb"), "a hidden source line counts"
+    printed = {"cell_type": "code", "metadata": {}, "source": "print(s)",
+               "outputs": [{"output_type": "stream", "name": "stdout", "text": "a" * 101 + "\n"}]}
+    assert long_lines_in_notebook({"cells": [printed]}, "nb"), "a long printed line"
+    printed["metadata"] = {"tags": ["remove-output"]}
+    assert not long_lines_in_notebook({"cells": [printed]}, "nb"), "a removed output counts"
+    result = {"output_type": "execute_result", "metadata": {}, "execution_count": 1,
+              "data": {"text/plain": "b" * 101}}
+    assert long_lines_in_notebook({"cells": [dict(printed, metadata={}, outputs=[result])]}, "nb")
+    result["data"]["text/html"] = "<table></table>"
+    assert not long_lines_in_notebook({"cells": [dict(printed, metadata={}, outputs=[result])]}, "nb")
+    assert width("数" * 51) == 102
+
+
+LITERALINCLUDE = re.compile(r"^\s*(`{3,}|:{3,})\{literalinclude\}\s+(\S+)\s*$")
+
+
+def literalincludes(md: Path):
+    """(line number, target path, options) of every literalinclude directive in one book file."""
+    lines = md.read_text(encoding="utf-8").split("\n")
+    for j, line in enumerate(lines):
+        m = LITERALINCLUDE.match(line)
+        if not m:
+            continue
+        target = m.group(2)
+        path = ROOT / target.lstrip("/") if target.startswith("/") else md.parent / target
+        options = {}
+        for option in lines[j + 1:]:
+            o = re.match(r"^\s*:([\w-]+):\s*(.*)$", option)
+            if not o:
+                break
+            key, value = o.group(1), o.group(2).strip()
+            options[key] = int(value) if key in ("dedent", "lineno-start") and value else (value or None)
+        yield j + 1, path, options
+
+
+def included_lines(path: Path, options: dict) -> list[tuple[int, str]]:
+    """(line number in the file, text) of what Sphinx shows: its own reader, with the directive's options."""
+    from sphinx.directives.code import LiteralIncludeReader
+
+    reader = LiteralIncludeReader(str(path), dict(options, **{"lineno-match": None}),
+                                  types.SimpleNamespace(source_encoding="utf-8-sig"))
+    text, _ = reader.read()
+    return [(reader.lineno_start + k, line) for k, line in enumerate(text.splitlines())]
+
+
+def test_package_code_the_book_shows_fits_the_column():
+    faults, seen = [], set()
+    for md in BOOK_MD:
+        for line_no, path, options in literalincludes(md):
+            assert path.exists(), f"{rel(md)}:{line_no}: literalinclude of a missing file {rel(path)}"
+            try:
+                shown = included_lines(path, options)
+            except Exception as err:  # noqa: BLE001 - report where
+                pytest.fail(f"{rel(md)}:{line_no}: literalinclude {rel(path)} {options}: {err}")
+            for file_line, text in shown:
+                if width(text) > MAX_CHARS and (path, file_line) not in seen:
+                    seen.add((path, file_line))
+                    what = options.get("pyobject") or "excerpt"
+                    faults.append(f"{rel(path)}:{file_line} ({what}, shown by {rel(md)}:{line_no}): "
+                                  f"{width(text)} characters")
+    if faults:
+        files = {}
+        for f in faults:
+            files[f.split(":")[0]] = files.get(f.split(":")[0], 0) + 1
+        counts = ", ".join(f"{name}: {n}" for name, n in files.items())
+        pytest.fail(f"lines over {MAX_CHARS} characters in code the book includes ({counts})\n" + "\n".join(faults))
+
+
+def test_literalinclude_reader_follows_the_options(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("import os\n\n\ndef f(x):\n    return x\n\n\nclass C:\n    def g(self):\n"
+                      "        return 1\n")
+    assert [n for n, _ in included_lines(source, {"pyobject": "f"})] == [4, 5]
+    assert [t for _, t in included_lines(source, {"pyobject": "C.g"})] == ["    def g(self):", "        return 1"]
+    assert [t for _, t in included_lines(source, {"lines": "1"})] == ["import os"]
+    assert included_lines(source, {"start-at": "def g", "end-at": "return 1", "dedent": 4})[0] == (9, "def g(self):")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 3. Results first: the "At a glance" box, and a table and a finding under every experiment figure
+# ---------------------------------------------------------------------------------------------------------
+
+GLANCE = re.compile(r"^(`{3,}|:{3,})\{admonition\}\s+At a glance\s*$")
+HEADING = re.compile(r"^(#{1,6})\s")
+
+
+def glance_fault(text: str, name: str) -> str | None:
+    lines = text.split("\n")
+    kinds = classify(lines)
+    title = next((j for j, (line, kind) in enumerate(zip(lines, kinds)) if kind == "prose"
+                  and line.startswith("# ")), None)
+    section = next((j for j, (line, kind) in enumerate(zip(lines, kinds)) if kind == "prose"
+                    and line.startswith("## ")), len(lines))
+    if title is None:
+        return f"{name}: no '# Title' line"
+    for j in range(title + 1, section):
+        if GLANCE.match(lines[j]):
+            options = []
+            for line in lines[j + 1:]:
+                if not OPTION.match(line):
+                    break
+                options.append(line.strip())
+            if not any(re.fullmatch(r":class:.*\bat-a-glance\b.*", o) for o in options):
+                return f"{name}:{j + 1}: the At a glance admonition lacks ':class: at-a-glance'"
+            return None
+    return (f"{name}:{title + 1}: no ':::{{admonition}} At a glance' box between the title and the first "
+            f"section (line {section + 1})")
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=rel)
+def test_chapter_opens_with_at_a_glance(path):
+    fault = glance_fault(path.read_text(encoding="utf-8"), rel(path))
+    assert fault is None, fault
+
+
+def test_at_a_glance_rule_catches_planted_faults():
+    good = "# T\n\n:::{admonition} At a glance\n:class: at-a-glance\n**Idea.** x.\n:::\n\n## One\n"
+    assert glance_fault(good, "g") is None
+    assert glance_fault(good.replace(":class: at-a-glance\n", ""), "g")
+    assert glance_fault("# T\n\n## One\n\n" + good.split("\n\n", 1)[1], "g"), "box after the first section"
+    assert glance_fault("# T\n\nText.\n\n## One\n", "g")
+
+
+# A figure shows an experiment when the code that makes it reads stored results or trains: the statements its
+# cell runs, and, back through the names they use, the earlier statements that assigned those names.
+EXPERIMENT = re.compile(r"\bload_results\(|\bjson\.loads?\(|results/|\bRESULTS\b|experiment_results_dir\(|"
+                        r"\bTrainer\(|\.train\(|\btrain_\w+\(|\btrain\(|\bq_learning\(|\bsarsa\(|\brun_seeds?\(")
+
+
+def code_statements(cells: list[str]) -> list[tuple[int, str, set[str], set[str]]]:
+    """(cell index, source, names assigned, names used) of every top-level statement of the code cells."""
+    out = []
+    for index, source in enumerate(cells):
+        if source is None:
+            continue
+        clean = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.split("\n"))
+        try:
+            tree = ast.parse(clean)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            assigned, used = set(), set()
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue  # imports load nothing; `import json` is no reading of results
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                assigned.add(node.name)
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name):
+                    (assigned if isinstance(sub.ctx, ast.Store) else used).add(sub.id)
+                elif isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store):
+                    root = sub
+                    while isinstance(root, (ast.Attribute, ast.Subscript)):
+                        root = root.value
+                    if isinstance(root, ast.Name):
+                        assigned.add(root.id)
+                elif isinstance(sub, ast.Subscript) and isinstance(sub.ctx, ast.Store) \
+                        and isinstance(sub.value, ast.Name):
+                    assigned.add(sub.value.id)
+            out.append((index, ast.get_source_segment(clean, node) or "", assigned, used))
+    return out
+
+
+def experiment_cells(cells: list[str | None]) -> set[int]:
+    """Indices of the code cells that read stored results or train, directly or through the names they use."""
+    statements = code_statements(cells)
+    last: dict[str, int] = {}
+    sources = []  # per statement: the earlier statements that assigned the names it uses
+    for k, (_, _, assigned, used) in enumerate(statements):
+        sources.append({last[name] for name in used if name in last})
+        for name in assigned:
+            last[name] = k
+    loads: list[bool] = []
+    for k, (_, source, _, _) in enumerate(statements):  # sources come first, so one pass suffices
+        loads.append(bool(EXPERIMENT.search(source)) or any(loads[e] for e in sources[k]))
+    return {statements[k][0] for k in range(len(statements)) if loads[k]}
+
+
+TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
+TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
+FIGURE = re.compile(r"^(`{3,}|:{3,})\{(glue:figure|figure)\}\s*(\S*)\s*$")
+
+
+CODE_CELL = re.compile(r"^(`{3,})\{code-cell\}")
+
+
+def code_cells(lines: list[str]) -> list[tuple[int, str]]:
+    """(line index of the opening fence, source without its options) of every code cell of a MyST file."""
+    cells, j = [], 0
+    while j < len(lines):
+        m = CODE_CELL.match(lines[j])
+        if not m:
+            j += 1
+            continue
+        start, fence = j, m.group(1)
+        j += 1
+        if j < len(lines) and lines[j].strip() == "---":  # options as YAML
+            j += 1
+            while j < len(lines) and lines[j].strip() != "---":
+                j += 1
+            j += 1
+        while j < len(lines) and OPTION.match(lines[j]):
+            j += 1
+        body = []
+        while j < len(lines) and lines[j].rstrip() != fence:
+            body.append(lines[j])
+            j += 1
+        cells.append((start, "\n".join(body)))
+        j += 1
+    return cells
+
+
+def figure_faults(text: str, name: str) -> tuple[list[str], list[str]]:
+    """(faults, experiment figures) of one chapter: each experiment figure needs a table and a Finding line."""
+    lines = text.split("\n")
+    kinds = classify(lines)
+    cells = code_cells(lines)
+    experimental = experiment_cells([source for _, source in cells])
+    figures = []
+    for j, line in enumerate(lines):
+        m = FIGURE.match(line)
+        if m and m.group(2) == "glue:figure":
+            key = m.group(3)
+            if not key:  # the key may come as the :name: option
+                o = re.match(r"^:name:\s*(\S+)", lines[j + 1]) if j + 1 < len(lines) else None
+                key = o.group(1) if o else ""
+            figures.append((j, key))
+    faults, experiments = [], []
+    for n, (j, key) in enumerate(figures):
+        makers = [k for k, (at, source) in enumerate(cells) if at < j
+                  and re.search(rf"['\"]{re.escape(key)}['\"]", source)]
+        is_experiment = bool(makers) and makers[-1] in experimental
+        if not is_experiment:
+            continue
+        experiments.append(key)
+        # the figure's block ends at its closing fence
+        end = j + 1
+        while end < len(lines) and kinds[end] != "fence":
+            end += 1
+        stop = end + 1
+        while stop < len(lines) and not (kinds[stop] == "prose" and HEADING.match(lines[stop])) \
+                and not FIGURE.match(lines[stop]):
+            stop += 1
+        after = [(lines[k], kinds[k]) for k in range(end + 1, stop)]
+        has_table = any(TABLE_ROW.match(a) and kind == "prose" and k + 1 < len(after) and TABLE_RULE.match(
+            after[k + 1][0]) for k, (a, kind) in enumerate(after)) or any(
+            re.match(r"^(`{3,}|:{3,})\{(list-table|table)\}", a) for a, _ in after)
+        has_finding = any(a.startswith("**Finding.**") and kind == "prose" for a, kind in after)
+        missing = [what for what, ok in (("a results table", has_table), ("a '**Finding.**' line", has_finding))
+                   if not ok]
+        if missing:
+            faults.append(f"{name}:{j + 1}: experiment figure {key} is not followed by "
+                          f"{' and '.join(missing)} before line {stop + 1}")
+    return faults, experiments
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=rel)
+def test_experiment_figure_has_table_and_finding(path):
+    faults, _ = figure_faults(path.read_text(encoding="utf-8"), rel(path))
+    assert not faults, "\n".join(faults)
+
+
+def test_figure_rule_catches_planted_faults():
+    head = "---\nkernelspec:\n  name: python3\n---\n\n# T\n\n"
+    cell = ('```{code-cell} ipython3\nfrom rlbook.experiment import load_results\nruns = load_results("x")\n```\n'
+            '\n```{code-cell} ipython3\nfig = plot(runs)\nglue("fig-x", fig)\n```\n\n'
+            "```{glue:figure} fig-x\n:name: fig-x\n\nCaption.\n```\n\n")
+    table = "| | a |\n|---|---|\n| x | {glue:text}`x` |\n\n"
+    finding = "**Finding.** It works.\n\n"
+    assert figure_faults(head + cell + table + finding + "## Next\n", "c") == ([], ["fig-x"])
+    assert figure_faults(head + cell + finding + "## Next\n", "c")[0], "no table"
+    assert figure_faults(head + cell + table + "## Next\n\n" + finding, "c")[0], "finding after the next section"
+    illustration = cell.replace('from rlbook.experiment import load_results\nruns = load_results("x")',
+                                "runs = [1, 2]")
+    assert figure_faults(head + illustration + "## Next\n", "c") == ([], []), "an illustration needs no table"
+
+
+if __name__ == "__main__":  # print every finding at once
+    for path in BOOK_MD:
+        for fault in lint_text(path.read_text(encoding="utf-8"), rel(path)):
+            print(fault)
+    for path in CHAPTERS:
+        text = path.read_text(encoding="utf-8")
+        fault = glance_fault(text, rel(path))
+        if fault:
+            print(fault)
+        faults, experiments = figure_faults(text, rel(path))
+        print(f"{rel(path)}: experiment figures: {', '.join(experiments) or 'none'}")
+        for fault in faults:
+            print(fault)
