@@ -38,16 +38,86 @@ def test_grid_map_numbers_states_row_by_row():
     plt.close("all")
 
 
-def test_training_curves_plot_mean_and_band_over_seeds():
+def test_training_curves_plot_mean_and_seeds_with_direct_labels():
     from rlbook.plotting import plot_training_curves
 
     def history(offset):
-        return [{"step": s, "reward": s + offset, **({"eval_accuracy": 0.5} if s % 2 == 0 else {})} for s in range(1, 7)]
+        return [{"step": s, "reward": s + offset, **({"eval_accuracy": 0.5} if s % 2 == 0 else {})}
+                for s in range(1, 7)]
 
-    axes = plot_training_curves({"a": [history(0), history(2)], "b": [history(1)]}, ["reward", "eval_accuracy"])
-    line = axes[0].get_lines()[0]
-    assert list(line.get_xdata()) == [1, 2, 3, 4, 5, 6] and list(line.get_ydata()) == [2, 3, 4, 5, 6, 7]
-    assert list(axes[1].get_lines()[0].get_xdata()) == [2, 4, 6]
-    assert len(axes[0].collections) == 1, "one band: only label 'a' has more than one seed"
+    axes = plot_training_curves({"a": [history(0), history(2)], "b": [history(1)]},
+                                ["reward", "eval_accuracy"])
+    means = [line for line in axes[0].get_lines() if not line.get_label().startswith("_")]
+    assert [line.get_label() for line in means] == ["a (n=2)", "b (n=1)"]
+    assert list(means[0].get_xdata()) == [1, 2, 3, 4, 5, 6]
+    assert list(means[0].get_ydata()) == [2, 3, 4, 5, 6, 7]
+    assert len(axes[0].get_lines()) == 4, "two thin seed lines for 'a', none for the single seed of 'b'"
+    assert list(axes[1].get_lines()[-1].get_xdata()) == [2, 4, 6]
+    assert [t.get_text() for t in axes[1].texts] == ["a (n=2)", "b (n=1)"], "labels at the line ends"
+    assert axes[0].get_legend() is None
     with pytest.raises(ValueError, match="2 axes for 1 metrics"):
         plot_training_curves({"a": [history(0)]}, ["reward"], axes=list(axes))
+    plt.close("all")
+
+
+def test_plot_seeds_draws_seeds_band_or_mean_only():
+    from rlbook.plotting import plot_seeds
+
+    x, ys = np.arange(5), np.array([[0.0, 1, 2, 3, 4], [2, 3, 4, 5, 6]])
+    fig, ax = plt.subplots()
+    line = plot_seeds(ax, x, ys, label="arm", color="C1", ls="--")
+    assert len(ax.get_lines()) == 3 and line is ax.get_lines()[-1] and line.get_linestyle() == "--"
+    assert list(line.get_ydata()) == [1, 2, 3, 4, 5] and line.get_label() == "arm"
+    assert all(seed.get_label().startswith("_") for seed in ax.get_lines()[:2])
+    plot_seeds(ax, x, ys, spread="band")
+    assert len(ax.collections) == 1
+    smoothed = plot_seeds(ax, x, ys, spread="none", smooth=3)
+    assert list(smoothed.get_xdata()) == [2, 3, 4] and list(smoothed.get_ydata()) == [2, 3, 4]
+    with pytest.raises(ValueError, match="ys must have shape"):
+        plot_seeds(ax, x[:4], ys)
+    with pytest.raises(ValueError, match="spread must be"):
+        plot_seeds(ax, x, ys, spread="minmax")
+    plt.close(fig)
+
+
+def test_direct_labels_keep_order_and_do_not_overlap():
+    from rlbook.plotting import _spread, label_lines
+
+    assert _spread([0.5, 0.1, 0.9], 0.05) == [0.5, 0.1, 0.9], "far apart: each at its line's end"
+    close = _spread([0.50, 0.51, 0.2], 0.1)
+    assert close[2] == 0.2 and abs(close[1] - close[0] - 0.1) < 1e-12 and abs(sum(close[:2]) / 2 - 0.505) < 1e-12
+    fig, ax = plt.subplots(figsize=(4, 3))
+    for i, end in enumerate([1.0, 1.01, 1.02, 0.0]):
+        ax.plot([0, 1], [0, end], label=f"line {i}")
+    texts = label_lines(ax, names={"line 3": "bottom"})
+    assert [t.get_text() for t in texts] == ["line 0", "line 1", "line 2", "bottom"]
+    fig.draw_without_rendering()
+    boxes = sorted((t.get_window_extent() for t in texts), key=lambda b: b.y0)
+    assert all(lower.y1 <= upper.y0 + 0.5 for lower, upper in zip(boxes, boxes[1:])), "no two labels overlap"
+    assert all(b.x0 >= ax.get_window_extent().x1 for b in boxes), "right of the axes"
+    assert texts[0].get_color() == ax.get_lines()[0].get_color()
+    plt.close(fig)
+
+
+def test_book_style_figure_png_carries_its_size_and_smallest_font():
+    import io
+    import json
+
+    import matplotlib
+    from PIL import Image
+
+    from rlbook.plotting import BOOK_RC, FULL_WIDTH, PNG_DPI, book_subplots, figure_png, smallest_font
+
+    with matplotlib.rc_context(BOOK_RC):
+        fig, ax = book_subplots(1, 2, panel_height=2.5)
+        ax[0].plot([0, 1], label="x")
+        ax[0].set_xlabel("step")
+        ax[1].text(0.5, 0.5, "tiny", fontsize=8)
+        assert smallest_font(fig) == (8.0, "tiny")
+        png, display = figure_png(fig)
+    image = Image.open(io.BytesIO(png))
+    info = json.loads(image.text["rlbook-figure"])
+    assert info == {"dpi": PNG_DPI, "min_font_pt": 8.0, "min_font_text": "tiny"}
+    assert abs(image.width / PNG_DPI - FULL_WIDTH) < 0.15, "constrained layout: about the width asked for"
+    assert display["width"] == round(image.width * 96 / PNG_DPI)
+    plt.close(fig)

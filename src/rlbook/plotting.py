@@ -1,9 +1,131 @@
-"""Plots used across the book: grid-world value maps, greedy-policy arrows and paths, training curves over seeds."""
+"""Plots used across the book, in one style: the book's figure style (``use_book_style``), helpers for
+results over seeds (``plot_seeds``, ``label_lines``, ``plot_training_curves``), and grid-world value maps,
+greedy-policy arrows and paths.
+
+A figure is read at its display size. ``use_book_style`` makes every figure a PNG drawn at ``PNG_DPI`` and
+shown at its own width in inches (96 CSS pixels per inch), so a font of ``f`` points in the figure reads as
+``f`` points on the page as long as the figure is no wider than the column (``COLUMN_PX``). Each PNG carries
+its resolution and its smallest font size (a ``rlbook-figure`` text chunk), which ``tests/test_figures.py``
+reads to check every figure of the book.
+"""
 
 from __future__ import annotations
 
+import io
+import json
+
 import matplotlib.pyplot as plt
 import numpy as np
+from cycler import cycler
+from matplotlib.figure import Figure
+from matplotlib.text import Text
+from matplotlib.transforms import ScaledTranslation
+
+# ---- The book's figure style ----------------------------------------------------------------------------
+
+COLUMN_PX = 720  # width of the book's text column at a 1280-px-wide window, in CSS pixels (the layout's)
+CSS_PX_PER_INCH = 96  # a browser draws 96 CSS pixels per inch, and 1 pt = 1/72 inch, as matplotlib does
+FULL_WIDTH = COLUMN_PX / CSS_PX_PER_INCH  # 7.5 in: a figure that fills the column, shown at its own size
+HALF_WIDTH = FULL_WIDTH / 2  # a small single-panel figure (a map, one curve)
+PANEL_HEIGHT = 2.6  # height in inches of one row of panels
+PNG_DPI = 200  # pixels per inch of the PNG; twice the display resolution or more, so it is sharp
+MIN_FONT_PT = 10  # smallest text, in points at display size, that tests/test_figures.py accepts
+PNG_KEY = "rlbook-figure"  # PNG text chunk with the figure's dpi and smallest font (JSON)
+
+# Okabe & Ito's colour-blind-safe palette, in matplotlib's order of hues: C0 blue, C1 orange, C2 green,
+# C3 vermillion (red), C4 reddish purple, C5 sky blue, C6 yellow, C7 grey.
+COLORS = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#7F7F7F"]
+
+BOOK_RC = {
+    "figure.figsize": (FULL_WIDTH, PANEL_HEIGHT),
+    "figure.dpi": CSS_PX_PER_INCH,
+    "figure.constrained_layout.use": True,  # labels never overlap; replaces fig.tight_layout()
+    "savefig.dpi": PNG_DPI,
+    "savefig.bbox": "tight",
+    "savefig.pad_inches": 0.04,
+    "savefig.facecolor": "white",
+    "font.size": 11,
+    "axes.titlesize": 11,
+    "axes.labelsize": 11,
+    "xtick.labelsize": 10,
+    "ytick.labelsize": 10,
+    "legend.fontsize": 10,
+    "legend.title_fontsize": 10,
+    "figure.titlesize": 12,
+    "axes.prop_cycle": cycler(color=COLORS),
+    "axes.grid": True,
+    "axes.axisbelow": True,
+    "grid.color": "#b0b0b0",
+    "grid.alpha": 0.4,
+    "grid.linewidth": 0.6,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "lines.linewidth": 1.8,
+    "legend.frameon": False,
+    "image.cmap": "viridis",
+}
+
+
+def use_book_style() -> None:
+    """Use the book's figure style: call once at the top of a chapter, after importing pyplot.
+
+    Sets ``BOOK_RC`` (fonts of at least 10 pt, light grid, colour-blind-safe colours ``C0``...``C7``,
+    constrained layout) and, inside IPython/Jupyter, shows figures (and ``glue``s them) as PNGs at
+    ``PNG_DPI`` that the page and JupyterLab display at the figure's own width (see ``figure_png``).
+    """
+    try:  # load the backend now: matplotlib-inline registers its own figure formatters when it loads
+        plt._get_backend_mod()
+    except Exception:  # pragma: no cover - private API; a figure created and closed does the same
+        plt.close(plt.figure())
+    plt.rcParams.update(BOOK_RC)
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency of the notebooks only
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    formatters = shell.display_formatter.formatters
+    for mime in ("image/png", "image/svg+xml", "image/jpeg", "application/pdf"):
+        if mime in formatters:
+            formatters[mime].pop(Figure, None)
+    formatters["image/png"].for_type(Figure, figure_png)
+
+
+def smallest_font(fig) -> tuple[float, str]:
+    """``(size in points, text)`` of the smallest non-empty visible text of ``fig`` (``(inf, "")`` if none)."""
+    sizes = [(float(t.get_fontsize()), t.get_text()) for t in fig.findobj(Text)
+             if t.get_visible() and t.get_text().strip()]
+    return min(sizes, default=(float("inf"), ""))
+
+
+def figure_png(fig, dpi: int = PNG_DPI) -> tuple[bytes, dict]:
+    """``(png bytes, display metadata)`` of ``fig``: the IPython formatter that ``use_book_style`` installs.
+
+    The PNG is drawn at ``dpi`` with a tight bounding box; the metadata's ``width``/``height`` (CSS pixels)
+    make the page and JupyterLab show it at the figure's size in inches. A ``rlbook-figure`` text chunk
+    records ``dpi`` and the smallest font (``min_font_pt``, ``min_font_text``) for tests/test_figures.py.
+    """
+    size, text = smallest_font(fig)
+    info = {"dpi": dpi, "min_font_pt": round(size, 2), "min_font_text": text[:60]}
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight", pad_inches=0.04, facecolor="white",
+                metadata={PNG_KEY: json.dumps(info)})
+    png = buffer.getvalue()
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")  # IHDR
+    scale = CSS_PX_PER_INCH / dpi
+    return png, {"width": round(width * scale), "height": round(height * scale)}
+
+
+def book_subplots(nrows: int = 1, ncols: int = 1, *, width: float = FULL_WIDTH,
+                  panel_height: float = PANEL_HEIGHT, **kwargs):
+    """``plt.subplots`` at a book width (``FULL_WIDTH`` or ``HALF_WIDTH`` inches) with ``panel_height``
+    inches per row of panels and constrained layout; other keyword arguments go to ``plt.subplots``."""
+    kwargs.setdefault("layout", "constrained")
+    return plt.subplots(nrows, ncols, figsize=(width, panel_height * nrows), **kwargs)
+
+
+# ---- Grid worlds ----------------------------------------------------------------------------------------
 
 # Unit moves (d_col, d_row) of each action, in the action numbering of each gymnasium environment.
 FROZENLAKE_MOVES = {0: (-1, 0), 1: (0, 1), 2: (1, 0), 3: (0, -1)}  # LEFT, DOWN, RIGHT, UP
@@ -25,6 +147,7 @@ def plot_grid_values(
     cbar_label: str | None = None,
     xlabel: str | None = None,
     ylabel: str | None = None,
+    fontsize: float = MIN_FONT_PT,
 ):
     """Heat-map of state values on a grid, with the value in each cell and the policy as arrows.
 
@@ -39,12 +162,14 @@ def plot_grid_values(
             colour scale, e.g. CliffWalking's cliff cells, which are never occupied.
         cbar_label: label of the colour bar (what the colour encodes).
         xlabel, ylabel: axis labels, e.g. ``"column"`` and ``"row"``.
+        fontsize: size in points of the values and map letters in the cells (10: the book's smallest).
     Returns the matplotlib ``Axes``.
     """
     values = np.asarray(values, dtype=float)
     rows, cols = shape
     if values.shape != (rows * cols,):
-        raise ValueError(f"values must have shape ({rows * cols},) for a {rows}x{cols} grid, got {values.shape}")
+        raise ValueError(f"values must have shape ({rows * cols},) for a {rows}x{cols} grid, "
+                         f"got {values.shape}")
     if ax is None:
         _, ax = plt.subplots(figsize=(0.9 * cols + 1.5, 0.9 * rows + 0.5))
     hidden = np.zeros(rows * cols, bool) if mask is None else np.asarray(mask, bool).ravel()
@@ -61,9 +186,11 @@ def plot_grid_values(
         r, c = divmod(index, cols)
         color = "black" if hidden[index] or grid[r, c] > middle else "white"
         if not hidden[index]:
-            ax.text(c, r + 0.3, fmt.format(grid[r, c]), ha="center", va="center", fontsize=7, color=color)
+            ax.text(c, r + 0.28, fmt.format(grid[r, c]), ha="center", va="center", fontsize=fontsize,
+                    color=color)
         if desc is not None:
-            ax.text(c - 0.42, r - 0.3, str(np.asarray(desc)[r, c]), fontsize=7, color=color, weight="bold")
+            ax.text(c - 0.44, r - 0.22, str(np.asarray(desc)[r, c]), fontsize=fontsize, color=color,
+                    weight="bold")
         if hidden[index]:
             continue
         if policy is not None and not (terminal is not None and terminal[index]):
@@ -106,9 +233,9 @@ def plot_grid_map(desc, ax=None, title: str | None = None, colours: dict[str, st
             face = colours.get(letter, "#ffffff")
             ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, facecolor=face, edgecolor="0.4"))
             dark = letter in ("H", "C")
-            ax.text(c, r - 0.08, letter, ha="center", va="center", fontsize=11, weight="bold",
+            ax.text(c, r - 0.1, letter, ha="center", va="center", fontsize=12, weight="bold",
                     color="white" if dark else "black")
-            ax.text(c, r + 0.3, str(r * cols + c), ha="center", va="center", fontsize=7,
+            ax.text(c, r + 0.3, str(r * cols + c), ha="center", va="center", fontsize=MIN_FONT_PT,
                     color="white" if dark else "0.3")
     ax.set_xlim(-0.5, cols - 0.5)
     ax.set_ylim(rows - 0.5, -0.5)
@@ -137,6 +264,117 @@ def plot_grid_path(states, shape: tuple[int, int], ax=None, **line_kwargs):
     return ax
 
 
+# ---- Results over seeds ---------------------------------------------------------------------------------
+
+
+def running_mean(values, window: int):
+    """Running mean over the last axis with a window of ``window`` points (``mode="valid"``: the result is
+    ``window - 1`` points shorter)."""
+    values = np.asarray(values, dtype=float)
+    if window <= 1:
+        return values
+    kernel = np.ones(window) / window
+    return np.apply_along_axis(lambda v: np.convolve(v, kernel, mode="valid"), -1, values)
+
+
+def plot_seeds(ax, x, ys, *, label: str | None = None, color=None, smooth: int = 1, spread: str = "seeds",
+               **line_kwargs):
+    """One arm of an experiment over seeds: the mean as a line, and each seed as a thin faint line.
+
+    Args:
+        ax: matplotlib axes.
+        x: ``(T,)`` x values (training steps).
+        ys: ``(seeds, T)`` values, one row per seed (a single row draws the line alone).
+        label: name of the arm, kept on the mean line (for ``label_lines`` or a legend).
+        color: the arm's colour (default: the axes' next colour).
+        smooth: running mean over ``smooth`` points applied to each seed first (``x`` is cut to match).
+        spread: ``"seeds"`` (thin line per seed), ``"band"`` (light min-max band) or ``"none"``.
+        **line_kwargs: style of the mean line (``ls``, ``lw``, ``marker``...).
+    Returns the mean line (``Line2D``).
+    """
+    ys = np.atleast_2d(np.asarray(ys, dtype=float))
+    x = np.asarray(x)
+    if ys.shape[-1] != len(x):
+        raise ValueError(f"ys must have shape (seeds, {len(x)}) to match x, got {ys.shape}")
+    if spread not in ("seeds", "band", "none"):
+        raise ValueError(f"spread must be 'seeds', 'band' or 'none', got {spread!r}")
+    if smooth > 1:
+        ys, x = running_mean(ys, smooth), x[smooth - 1:]
+    if color is None:
+        color = ax._get_lines.get_next_color()
+    if len(ys) > 1 and spread == "seeds":
+        for y in ys:
+            ax.plot(x, y, color=color, lw=0.7, alpha=0.3, label="_seed", zorder=1.5)
+    elif len(ys) > 1 and spread == "band":
+        ax.fill_between(x, ys.min(0), ys.max(0), color=color, alpha=0.12, lw=0, zorder=1.5)
+    line_kwargs.setdefault("lw", line_kwargs.pop("linewidth", 2.2))
+    (line,) = ax.plot(x, ys.mean(0), color=color, label=label, zorder=2.5, **line_kwargs)
+    return line
+
+
+def label_lines(ax, lines=None, names: dict | None = None, *, fontsize=None, pad_pt: float = 4):
+    """Write each line's label at the right end of the axes, level with the line's last point and in its
+    colour, instead of a legend; labels that would overlap are moved apart vertically.
+
+    Args:
+        lines: the lines to label (default: every line of ``ax`` whose label does not start with ``_``).
+        names: optional label -> text to write (shorter names for the plot).
+        fontsize: default ``legend.fontsize``.
+        pad_pt: gap in points between the axes' right edge and the labels.
+    Call it after plotting (and after setting y limits). Returns the ``Text`` objects. Constrained layout
+    (the book style's default) makes room for them to the right of the axes.
+    """
+    ax.figure.draw_without_rendering()  # settle the layout and the axis limits
+    if lines is None:
+        lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+    fontsize = plt.rcParams["legend.fontsize"] if fontsize is None else fontsize
+    size_pt = Text(text="x", fontsize=fontsize).get_fontsize()
+    to_axes = ax.transScale + ax.transLimits  # data -> axes fraction
+    targets = []
+    for line in lines:
+        xy = np.column_stack([line.get_xdata(), line.get_ydata()]).astype(float)
+        xy = xy[np.isfinite(xy).all(1)]
+        if len(xy):
+            targets.append(float(np.clip(to_axes.transform(xy[-1])[1], 0, 1)))
+        else:
+            targets.append(np.nan)
+    kept = [(t, line) for t, line in zip(targets, lines) if np.isfinite(t)]
+    height_pt = ax.get_position().height * ax.figure.get_figheight() * 72
+    gap = 1.15 * size_pt / max(height_pt, 1.0)
+    positions = _spread([t for t, _ in kept], gap)
+    offset = ScaledTranslation(pad_pt / 72, 0, ax.figure.dpi_scale_trans)
+    texts = []
+    for y, (_, line) in zip(positions, kept):
+        text = (names or {}).get(line.get_label(), line.get_label())
+        texts.append(ax.text(1.0, y, text, transform=ax.transAxes + offset, color=line.get_color(),
+                             fontsize=fontsize, va="center", ha="left", clip_on=False))
+    return texts
+
+
+def _spread(targets: list[float], gap: float) -> list[float]:
+    """Positions as close as possible to ``targets`` with at least ``gap`` between neighbours: overlapping
+    labels form clusters centred on their targets' mean, merged until no two clusters overlap."""
+    order = np.argsort(targets)
+    clusters = []  # [sum of targets, number of labels], bottom to top
+    for i in order:
+        clusters.append([targets[i], 1])
+        while len(clusters) > 1:
+            (s1, n1), (s2, n2) = clusters[-2], clusters[-1]
+            top_of_lower = s1 / n1 + (n1 - 1) * gap / 2
+            bottom_of_upper = s2 / n2 - (n2 - 1) * gap / 2
+            if bottom_of_upper - top_of_lower >= gap:
+                break
+            clusters[-2:] = [[s1 + s2, n1 + n2]]
+    positions = np.empty(len(targets))
+    rank = 0
+    for total, count in clusters:
+        centre = total / count
+        for k in range(count):
+            positions[order[rank]] = centre + (k - (count - 1) / 2) * gap
+            rank += 1
+    return positions.tolist()
+
+
 def plot_training_curves(
     runs: dict[str, list[list[dict]]],
     metrics: list[str],
@@ -144,39 +382,38 @@ def plot_training_curves(
     x: str = "step",
     titles: dict[str, str] | None = None,
     smooth: int = 1,
+    spread: str = "seeds",
 ):
-    """One panel per metric: for each label, the mean over seeds as a line and the min-max over seeds as a band.
+    """One panel per metric; for each label, the mean over seeds as a line and each seed as a thin line
+    (``plot_seeds``), labelled at the right end of the last panel (``label_lines``).
 
     Args:
         runs: label -> one metric history per seed (``Trainer.history``: a list of dicts, one per step).
             Steps where a metric is missing (``eval_accuracy`` is logged every few steps) are skipped.
         metrics: the keys to plot, e.g. ``["reward", "eval_accuracy", "clip_ratio/region_mean"]``.
         axes: optional sequence of matplotlib axes, one per metric.
-        titles: optional metric -> panel title (defaults to the key); the y-axis is labelled with the key too.
+        titles: optional metric -> panel title (defaults to the key); the y-axis is labelled with the key.
         smooth: moving-average window applied to each seed before averaging (1: none).
+        spread: how seeds are shown, as in ``plot_seeds``.
     Returns the axes.
     """
     if axes is None:
-        _, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.2), squeeze=False)
+        _, axes = book_subplots(1, len(metrics), squeeze=False)
         axes = axes[0]
     if len(axes) != len(metrics):
         raise ValueError(f"got {len(axes)} axes for {len(metrics)} metrics")
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, metric in zip(axes, metrics):
-        for colour, (label, histories) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], runs.items()):
+        for colour, (label, histories) in zip(colours, runs.items()):
             steps, curves = _aligned(histories, metric, x)
             if not curves.size:
                 continue
-            if smooth > 1:
-                kernel = np.ones(smooth) / smooth
-                curves = np.stack([np.convolve(c, kernel, mode="valid") for c in curves])
-                steps = steps[smooth - 1 :]
-            ax.plot(steps, curves.mean(0), color=colour, label=f"{label} (n={len(curves)})")
-            if len(curves) > 1:
-                ax.fill_between(steps, curves.min(0), curves.max(0), color=colour, alpha=0.2, linewidth=0)
+            plot_seeds(ax, steps, curves, label=f"{label} (n={len(curves)})", color=colour,
+                       smooth=smooth, spread=spread)
         ax.set_title((titles or {}).get(metric, metric))
         ax.set_xlabel(x)
         ax.set_ylabel(metric)
-    axes[0].legend(fontsize="small")
+    label_lines(axes[-1])
     return axes
 
 
