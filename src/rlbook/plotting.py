@@ -112,9 +112,11 @@ def figure_png(fig, dpi: int = PNG_DPI) -> tuple[bytes, dict]:
     fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight", pad_inches=0.04, facecolor="white",
                 metadata={PNG_KEY: json.dumps(info)})
     png = buffer.getvalue()
-    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")  # IHDR
+    width = int.from_bytes(png[16:20], "big")  # the IHDR chunk: width in pixels
     scale = CSS_PX_PER_INCH / dpi
-    return png, {"width": round(width * scale), "height": round(height * scale)}
+    # width only: a page narrower than the figure scales it down with its aspect ratio (a fixed height
+    # would squash it)
+    return png, {"width": round(width * scale)}
 
 
 def book_subplots(nrows: int = 1, ncols: int = 1, *, width: float = FULL_WIDTH,
