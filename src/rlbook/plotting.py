@@ -1,12 +1,12 @@
-"""Plots used across the book, in one style: the book's figure style (``use_book_style``), helpers for
-results over seeds (``plot_seeds``, ``label_lines``, ``plot_training_curves``), and grid-world value maps,
-greedy-policy arrows and paths.
+"""Plots used across the book, in one style: the figure style (``use_book_style``), results over
+seeds (``plot_seeds``, ``label_lines``, ``plot_training_curves``), and grid worlds (value maps,
+greedy-policy arrows, paths).
 
-A figure is read at its display size. ``use_book_style`` makes every figure a PNG drawn at ``PNG_DPI`` and
-shown at its own width in inches (96 CSS pixels per inch), so a font of ``f`` points in the figure reads as
-``f`` points on the page as long as the figure is no wider than the column (``COLUMN_PX``). Each PNG carries
-its resolution and its smallest font size (a ``rlbook-figure`` text chunk), which ``tests/test_figures.py``
-reads to check every figure of the book.
+A figure is read at its display size. ``use_book_style`` makes every figure a PNG drawn at
+``PNG_DPI`` and shown at its own width in inches (96 CSS pixels per inch), so a font of ``f`` points
+in the figure reads as ``f`` points on the page as long as the figure is no wider than the
+column (``COLUMN_PX``). Each PNG carries its resolution and its smallest font size (a
+``rlbook-figure`` text chunk), which ``tests/test_figures.py`` reads to check every figure.
 """
 
 from __future__ import annotations
@@ -21,19 +21,21 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 from matplotlib.transforms import ScaledTranslation
 
-# ---- The book's figure style ----------------------------------------------------------------------------
+# ---- The book's figure style -------------------------------------------------------------------
 
-COLUMN_PX = 720  # width of the book's text column at a 1280-px-wide window, in CSS pixels (the layout's)
-CSS_PX_PER_INCH = 96  # a browser draws 96 CSS pixels per inch, and 1 pt = 1/72 inch, as matplotlib does
-FULL_WIDTH = COLUMN_PX / CSS_PX_PER_INCH  # 7.5 in: a figure that fills the column, shown at its own size
+# The widest figure shown at its own size, in CSS pixels: the book's column is wider at a 1280-px
+# window (about 930 px) and still 720 px at 1024 px.
+COLUMN_PX = 720
+CSS_PX_PER_INCH = 96  # a browser draws 96 CSS pixels per inch; 1 pt = 1/72 inch, as in matplotlib
+FULL_WIDTH = COLUMN_PX / CSS_PX_PER_INCH  # 7.5 in: the widest figure, shown at its own size
 HALF_WIDTH = FULL_WIDTH / 2  # a small single-panel figure (a map, one curve)
 PANEL_HEIGHT = 2.6  # height in inches of one row of panels
 PNG_DPI = 200  # pixels per inch of the PNG; twice the display resolution or more, so it is sharp
 MIN_FONT_PT = 10  # smallest text, in points at display size, that tests/test_figures.py accepts
 PNG_KEY = "rlbook-figure"  # PNG text chunk with the figure's dpi and smallest font (JSON)
 
-# Okabe & Ito's colour-blind-safe palette, in matplotlib's order of hues: C0 blue, C1 orange, C2 green,
-# C3 vermillion (red), C4 reddish purple, C5 sky blue, C6 yellow, C7 grey.
+# Okabe & Ito's colour-blind-safe palette, in matplotlib's order of hues: C0 blue, C1 orange,
+# C2 green, C3 vermillion (red), C4 reddish purple, C5 sky blue, C6 yellow, C7 grey.
 COLORS = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#7F7F7F"]
 
 BOOK_RC = {
@@ -69,11 +71,13 @@ BOOK_RC = {
 def use_book_style() -> None:
     """Use the book's figure style: call once at the top of a chapter, after importing pyplot.
 
-    Sets ``BOOK_RC`` (fonts of at least 10 pt, light grid, colour-blind-safe colours ``C0``...``C7``,
-    constrained layout) and, inside IPython/Jupyter, shows figures (and ``glue``s them) as PNGs at
-    ``PNG_DPI`` that the page and JupyterLab display at the figure's own width (see ``figure_png``).
+    Sets ``BOOK_RC`` (fonts of at least 10 pt, light grid, colour-blind-safe colours
+    ``C0``...``C7``, constrained layout) and, inside IPython/Jupyter, shows figures (and ``glue``s
+    them) as PNGs at ``PNG_DPI`` that the page and JupyterLab display at the figure's own width
+    (``figure_png``).
     """
-    try:  # load the backend now: matplotlib-inline registers its own figure formatters when it loads
+    # Load the backend now: matplotlib-inline registers its own figure formatters when it loads.
+    try:
         plt._get_backend_mod()
     except Exception:  # pragma: no cover - private API; a figure created and closed does the same
         plt.close(plt.figure())
@@ -93,41 +97,43 @@ def use_book_style() -> None:
 
 
 def smallest_font(fig) -> tuple[float, str]:
-    """``(size in points, text)`` of the smallest non-empty visible text of ``fig`` (``(inf, "")`` if none)."""
+    """``(size in points, text)`` of the smallest non-empty visible text of ``fig``
+    (``(inf, "")`` if it has none)."""
     sizes = [(float(t.get_fontsize()), t.get_text()) for t in fig.findobj(Text)
              if t.get_visible() and t.get_text().strip()]
     return min(sizes, default=(float("inf"), ""))
 
 
 def figure_png(fig, dpi: int = PNG_DPI) -> tuple[bytes, dict]:
-    """``(png bytes, display metadata)`` of ``fig``: the IPython formatter that ``use_book_style`` installs.
+    """``(png bytes, display metadata)`` of ``fig``: the IPython formatter of ``use_book_style``.
 
-    The PNG is drawn at ``dpi`` with a tight bounding box; the metadata's ``width``/``height`` (CSS pixels)
-    make the page and JupyterLab show it at the figure's size in inches. A ``rlbook-figure`` text chunk
-    records ``dpi`` and the smallest font (``min_font_pt``, ``min_font_text``) for tests/test_figures.py.
+    The PNG is drawn at ``dpi`` with a tight bounding box; the metadata's ``width`` (CSS pixels)
+    makes the page and JupyterLab show it at the figure's size in inches. A ``rlbook-figure`` text
+    chunk records ``dpi`` and the smallest font (``min_font_pt``, ``min_font_text``) for
+    tests/test_figures.py.
     """
     size, text = smallest_font(fig)
     info = {"dpi": dpi, "min_font_pt": round(size, 2), "min_font_text": text[:60]}
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight", pad_inches=0.04, facecolor="white",
-                metadata={PNG_KEY: json.dumps(info)})
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight", pad_inches=0.04,
+                facecolor="white", metadata={PNG_KEY: json.dumps(info)})
     png = buffer.getvalue()
     width = int.from_bytes(png[16:20], "big")  # the IHDR chunk: width in pixels
     scale = CSS_PX_PER_INCH / dpi
-    # width only: a page narrower than the figure scales it down with its aspect ratio (a fixed height
-    # would squash it)
+    # width only: a page narrower than the figure scales it down with its aspect ratio (a fixed
+    # height would squash it)
     return png, {"width": round(width * scale)}
 
 
 def book_subplots(nrows: int = 1, ncols: int = 1, *, width: float = FULL_WIDTH,
                   panel_height: float = PANEL_HEIGHT, **kwargs):
-    """``plt.subplots`` at a book width (``FULL_WIDTH`` or ``HALF_WIDTH`` inches) with ``panel_height``
-    inches per row of panels and constrained layout; other keyword arguments go to ``plt.subplots``."""
+    """``plt.subplots`` at a book width (``FULL_WIDTH`` or ``HALF_WIDTH`` inches), ``panel_height``
+    inches per row of panels, constrained layout; other keyword arguments go to ``plt.subplots``."""
     kwargs.setdefault("layout", "constrained")
     return plt.subplots(nrows, ncols, figsize=(width, panel_height * nrows), **kwargs)
 
 
-# ---- Grid worlds ----------------------------------------------------------------------------------------
+# ---- Grid worlds -------------------------------------------------------------------------------
 
 # Unit moves (d_col, d_row) of each action, in the action numbering of each gymnasium environment.
 FROZENLAKE_MOVES = {0: (-1, 0), 1: (0, 1), 2: (1, 0), 3: (0, -1)}  # LEFT, DOWN, RIGHT, UP
@@ -154,17 +160,18 @@ def plot_grid_values(
     """Heat-map of state values on a grid, with the value in each cell and the policy as arrows.
 
     Args:
-        values: ``(S,)`` state values, ``S = rows * cols`` in row-major order (gymnasium's numbering).
+        values: ``(S,)`` state values, ``S = rows * cols``, row-major (gymnasium's numbering).
         shape: ``(rows, cols)`` of the grid.
         policy: optional ``(S,)`` integer actions, drawn as arrows using ``moves``.
         moves: action -> ``(d_col, d_row)``; ``FROZENLAKE_MOVES`` or ``CLIFFWALKING_MOVES``.
-        desc: optional ``(rows, cols)`` map letters (e.g. FrozenLake's S/F/H/G), printed in the corner of cells.
+        desc: optional ``(rows, cols)`` map letters (e.g. FrozenLake's S/F/H/G), printed in the
+            corner of cells.
         terminal: optional ``(S,)`` mask; no arrow is drawn on terminal states.
-        mask: optional ``(S,)`` mask of cells drawn blank (light grey, no value, no arrow) and left out of the
-            colour scale, e.g. CliffWalking's cliff cells, which are never occupied.
+        mask: optional ``(S,)`` mask of cells drawn blank (light grey, no value, no arrow) and left
+            out of the colour scale, e.g. CliffWalking's cliff cells, which are never occupied.
         cbar_label: label of the colour bar (what the colour encodes).
         xlabel, ylabel: axis labels, e.g. ``"column"`` and ``"row"``.
-        fontsize: size in points of the values and map letters in the cells (10: the book's smallest).
+        fontsize: points of the values and map letters in the cells (10: the book's smallest).
     Returns the matplotlib ``Axes``.
     """
     values = np.asarray(values, dtype=float)
@@ -188,8 +195,8 @@ def plot_grid_values(
         r, c = divmod(index, cols)
         color = "black" if hidden[index] or grid[r, c] > middle else "white"
         if not hidden[index]:
-            ax.text(c, r + 0.28, fmt.format(grid[r, c]), ha="center", va="center", fontsize=fontsize,
-                    color=color)
+            ax.text(c, r + 0.28, fmt.format(grid[r, c]), ha="center", va="center",
+                    fontsize=fontsize, color=color)
         if desc is not None:
             ax.text(c - 0.44, r - 0.22, str(np.asarray(desc)[r, c]), fontsize=fontsize, color=color,
                     weight="bold")
@@ -197,9 +204,12 @@ def plot_grid_values(
             continue
         if policy is not None and not (terminal is not None and terminal[index]):
             dx, dy = moves[int(policy[index])]
-            ax.arrow(c - 0.2 * dx, r - 0.2 * dy - 0.08, 0.3 * dx, 0.3 * dy, head_width=0.14, color=color)
+            # an arrow of 0.36 cells above the value, head included, so the two never overlap
+            ax.arrow(c - 0.18 * dx, r - 0.14 - 0.18 * dy, 0.36 * dx, 0.36 * dy, head_width=0.16,
+                     head_length=0.14, length_includes_head=True, color=color)
     ax.set_xticks(range(cols))
     ax.set_yticks(range(rows))
+    ax.grid(False)  # grid lines would cross the cells
     if xlabel:
         ax.set_xlabel(xlabel)
     if ylabel:
@@ -209,16 +219,17 @@ def plot_grid_values(
     return ax
 
 
-# Face colours of the map letters of gymnasium's grid worlds (FrozenLake S/F/H/G, and C for a cliff).
-MAP_COLOURS = {"S": "#9ecae1", "F": "#eef5fb", "H": "#3f4a5a", "G": "#74c476", "C": "#8c6d62", " ": "#ffffff"}
+# Face colours of the map letters of gymnasium's grid worlds (FrozenLake S/F/H/G; C for a cliff).
+MAP_COLOURS = {"S": "#9ecae1", "F": "#eef5fb", "H": "#3f4a5a", "G": "#74c476", "C": "#8c6d62",
+               " ": "#ffffff"}
 
 
 def plot_grid_map(desc, ax=None, title: str | None = None, colours: dict[str, str] | None = None):
-    """Draw a grid world's map: each cell coloured by its letter, with the letter and the state number.
+    """Draw a grid world's map: each cell coloured by its letter, with the letter and state number.
 
     Args:
-        desc: ``(rows, cols)`` map letters (FrozenLake's ``S``, ``F``, ``H``, ``G``); states are numbered
-            row by row from the top-left corner, as in gymnasium.
+        desc: ``(rows, cols)`` map letters (FrozenLake's ``S``, ``F``, ``H``, ``G``); states are
+            numbered row by row from the top-left corner, as in gymnasium.
         colours: letter -> face colour; defaults to ``MAP_COLOURS``.
     Returns the matplotlib ``Axes``, with axes labelled "column" and "row".
     """
@@ -244,6 +255,7 @@ def plot_grid_map(desc, ax=None, title: str | None = None, colours: dict[str, st
     ax.set_aspect("equal")
     ax.set_xticks(range(cols))
     ax.set_yticks(range(rows))
+    ax.grid(False)
     ax.set_xlabel("column")
     ax.set_ylabel("row")
     if title:
@@ -252,7 +264,7 @@ def plot_grid_map(desc, ax=None, title: str | None = None, colours: dict[str, st
 
 
 def plot_grid_path(states, shape: tuple[int, int], ax=None, **line_kwargs):
-    """Draw the path through the visited ``states`` (row-major indices) on a ``(rows, cols)`` grid."""
+    """Draw the path through the visited ``states`` (row-major) on a ``(rows, cols)`` grid."""
     rows, cols = shape
     states = np.asarray(states, dtype=int)
     if states.size and (states.min() < 0 or states.max() >= rows * cols):
@@ -266,12 +278,12 @@ def plot_grid_path(states, shape: tuple[int, int], ax=None, **line_kwargs):
     return ax
 
 
-# ---- Results over seeds ---------------------------------------------------------------------------------
+# ---- Results over seeds ------------------------------------------------------------------------
 
 
 def running_mean(values, window: int):
-    """Running mean over the last axis with a window of ``window`` points (``mode="valid"``: the result is
-    ``window - 1`` points shorter)."""
+    """Running mean over the last axis with a window of ``window`` points (``mode="valid"``: the
+    result is ``window - 1`` points shorter)."""
     values = np.asarray(values, dtype=float)
     if window <= 1:
         return values
@@ -279,8 +291,8 @@ def running_mean(values, window: int):
     return np.apply_along_axis(lambda v: np.convolve(v, kernel, mode="valid"), -1, values)
 
 
-def plot_seeds(ax, x, ys, *, label: str | None = None, color=None, smooth: int = 1, spread: str = "seeds",
-               **line_kwargs):
+def plot_seeds(ax, x, ys, *, label: str | None = None, color=None, smooth: int = 1,
+               spread: str = "seeds", **line_kwargs):
     """One arm of an experiment over seeds: the mean as a line, and each seed as a thin faint line.
 
     Args:
@@ -289,7 +301,7 @@ def plot_seeds(ax, x, ys, *, label: str | None = None, color=None, smooth: int =
         ys: ``(seeds, T)`` values, one row per seed (a single row draws the line alone).
         label: name of the arm, kept on the mean line (for ``label_lines`` or a legend).
         color: the arm's colour (default: the axes' next colour).
-        smooth: running mean over ``smooth`` points applied to each seed first (``x`` is cut to match).
+        smooth: running mean over ``smooth`` points of each seed first (``x`` is cut to match).
         spread: ``"seeds"`` (thin line per seed), ``"band"`` (light min-max band) or ``"none"``.
         **line_kwargs: style of the mean line (``ls``, ``lw``, ``marker``...).
     Returns the mean line (``Line2D``).
@@ -314,17 +326,19 @@ def plot_seeds(ax, x, ys, *, label: str | None = None, color=None, smooth: int =
     return line
 
 
-def label_lines(ax, lines=None, names: dict | None = None, *, fontsize=None, pad_pt: float = 4):
-    """Write each line's label at the right end of the axes, level with the line's last point and in its
+def label_lines(ax, lines=None, names: dict | None = None, *, fontsize=None,
+                pad_pt: float = 4):
+    """Write each line's label right of the axes, level with the line's last point and in its
     colour, instead of a legend; labels that would overlap are moved apart vertically.
 
     Args:
-        lines: the lines to label (default: every line of ``ax`` whose label does not start with ``_``).
+        lines: the lines to label (default: each line of ``ax`` whose label does not start
+            with ``_``).
         names: optional label -> text to write (shorter names for the plot).
         fontsize: default ``legend.fontsize``.
         pad_pt: gap in points between the axes' right edge and the labels.
-    Call it after plotting (and after setting y limits). Returns the ``Text`` objects. Constrained layout
-    (the book style's default) makes room for them to the right of the axes.
+    Call it after plotting (and after setting y limits). Returns the ``Text`` objects. Constrained
+    layout (the book style's default) makes room for them to the right of the axes.
     """
     ax.figure.draw_without_rendering()  # settle the layout and the axis limits
     if lines is None:
@@ -354,8 +368,8 @@ def label_lines(ax, lines=None, names: dict | None = None, *, fontsize=None, pad
 
 
 def _spread(targets: list[float], gap: float) -> list[float]:
-    """Positions as close as possible to ``targets`` with at least ``gap`` between neighbours: overlapping
-    labels form clusters centred on their targets' mean, merged until no two clusters overlap."""
+    """Positions as close as possible to ``targets`` with at least ``gap`` between neighbours:
+    overlapping labels form clusters centred on their targets' mean, merged until none overlap."""
     order = np.argsort(targets)
     clusters = []  # [sum of targets, number of labels], bottom to top
     for i in order:
@@ -386,15 +400,16 @@ def plot_training_curves(
     smooth: int = 1,
     spread: str = "seeds",
 ):
-    """One panel per metric; for each label, the mean over seeds as a line and each seed as a thin line
-    (``plot_seeds``), labelled at the right end of the last panel (``label_lines``).
+    """One panel per metric; for each label, the mean over seeds as a line and each seed as a thin
+    line (``plot_seeds``), labelled at the right end of the last panel (``label_lines``).
 
     Args:
-        runs: label -> one metric history per seed (``Trainer.history``: a list of dicts, one per step).
-            Steps where a metric is missing (``eval_accuracy`` is logged every few steps) are skipped.
+        runs: label -> one metric history per seed (``Trainer.history``: a list of dicts, one per
+            step). Steps where a metric is missing (``eval_accuracy`` is logged every few steps)
+            are skipped.
         metrics: the keys to plot, e.g. ``["reward", "eval_accuracy", "clip_ratio/region_mean"]``.
         axes: optional sequence of matplotlib axes, one per metric.
-        titles: optional metric -> panel title (defaults to the key); the y-axis is labelled with the key.
+        titles: optional metric -> panel title (defaults to the key); the y-axis shows the key.
         smooth: moving-average window applied to each seed before averaging (1: none).
         spread: how seeds are shown, as in ``plot_seeds``.
     Returns the axes.
