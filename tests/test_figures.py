@@ -60,7 +60,7 @@ def figures(nb):
 def figure_problem(mime: str, content, display: dict, column_px: float = COLUMN_PX) -> str | None:
     """What makes this stored figure illegible or unchecked at display size, or None if it reads at
     ``MIN_FONT_PT`` or more."""
-    fix = "draw it after rlbook.plotting.use_book_style() (see /work/briefs/plotting_guide.md)"
+    fix = "draw it after rlbook.plotting.use_book_style() (see that module)"
     if mime != "image/png":
         return f"is {mime}, not the book style's PNG: {fix}"
     image = Image.open(io.BytesIO(base64.b64decode(content)))
