@@ -121,3 +121,31 @@ def test_book_style_figure_png_carries_its_size_and_smallest_font():
     assert abs(image.width / PNG_DPI - FULL_WIDTH) < 0.15, "constrained layout: about the width asked for"
     assert display["width"] == round(image.width * 96 / PNG_DPI)
     plt.close(fig)
+
+
+def test_use_book_style_makes_ipython_show_figures_as_book_pngs():
+    """In an IPython shell (a fresh process: the shell is global), a figure's display data, which
+    myst-nb's glue stores, is the 200-dpi PNG with the figure's width for the page."""
+    import json
+    import subprocess
+    import sys
+
+    script = """
+import json, matplotlib
+matplotlib.use("Agg")
+from IPython.core.formatters import format_display_data
+from IPython.core.interactiveshell import InteractiveShell
+InteractiveShell.instance()
+import matplotlib.pyplot as plt
+from rlbook.plotting import use_book_style, book_subplots, HALF_WIDTH
+use_book_style()
+fig, ax = book_subplots(width=HALF_WIDTH)
+ax.plot([0, 1])
+data, metadata = format_display_data(fig)
+print(json.dumps({"mimes": sorted(data), "metadata": metadata,
+                  "font": plt.rcParams["xtick.labelsize"]}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    shown = json.loads(out.stdout.strip().splitlines()[-1])
+    assert shown["mimes"] == ["image/png", "text/plain"] and shown["font"] == 10
+    assert abs(shown["metadata"]["image/png"]["width"] - 360) <= 12, "HALF_WIDTH: 3.75 in = 360 px"
