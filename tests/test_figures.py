@@ -130,6 +130,13 @@ def test_small_text_fails_and_is_named():
     assert problem and "text 7 pt ('note')" in problem and "reads as 7.0 pt" in problem
 
 
+def test_small_tick_labels_fail():  # tick labels get their text only when the figure is drawn
+    fig = book_figure()
+    fig.axes[0].tick_params(labelsize=8)
+    problem = figure_problem(*stored(fig))
+    assert problem and "text 8 pt" in problem
+
+
 def test_a_figure_wider_than_the_column_shrinks_its_text_and_fails():
     problem = figure_problem(*stored(book_figure(width=11)))
     assert problem and "shown 720 px wide" in problem and "reads as" in problem

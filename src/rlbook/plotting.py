@@ -98,7 +98,8 @@ def use_book_style() -> None:
 
 def smallest_font(fig) -> tuple[float, str]:
     """``(size in points, text)`` of the smallest non-empty visible text of ``fig``
-    (``(inf, "")`` if it has none)."""
+    (``(inf, "")`` if it has none). Draws the figure first: tick labels get their text when drawn."""
+    fig.draw_without_rendering()
     sizes = [(float(t.get_fontsize()), t.get_text()) for t in fig.findobj(Text)
              if t.get_visible() and t.get_text().strip()]
     return min(sizes, default=(float("inf"), ""))
