@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check the rendered book in a real headless browser (Debian's Chromium), page by page.
+r"""Check the rendered book in a real headless browser (Debian's Chromium), page by page.
 
     python scripts/check_browser.py [_build/html] [--screenshots _build/screenshots] [--pages PATTERN ...]
 
@@ -9,12 +9,18 @@ network port). For each page it checks that
 
 * math rendered: every formula in the page source (the `.math` spans/divs Sphinx emits) became a MathJax
   `mjx-container`, no raw TeX is left, and MathJax reported no error (`mjx-merror`) or undefined macro;
+* no MyST role ({eq}, {numref}, {ref}, {term}, {doc}, {glue:...}, {cite:...}, any {name}`...`) and no TeX
+  control word (\frac, \rVert, any \word) is left as text on the page outside code; inside rendered math, no
+  role in a formula's TeX and no control word or escape drawn as text (\text{log\_p} shows its backslash);
 * every image loaded (naturalWidth > 0) and has a caption or alt text that is not a file hash;
 * every internal link resolves: no link to a missing local file, no dangling `#id`;
 * no JavaScript error reached the console, and no request left the machine (only file:, data:, blob: and
   about: URLs; http(s) and ws(s) requests are blocked, logged and reported);
+* at a 1280-px-wide laptop viewport nothing scrolls sideways or is cut off: no code or output box, display
+  equation, inline formula or table is wider than its box, code is drawn at 13 px or more and the widest
+  code box holds 100 characters a line (the book's line-length rule for visible code);
 * at a 390-px-wide phone viewport nothing is wider than the page: wide content (display equations, tables,
-  code) scrolls inside its own box instead of widening the page or being clipped, and equation numbers do
+  code) may scroll inside its own box but neither widens the page nor is clipped, and equation numbers do
   not cover their formula;
 * CJK text is drawn with a font that has CJK glyphs (when fontconfig lists one), not with tofu boxes;
 
@@ -305,14 +311,50 @@ JS_DESKTOP = r"""
       if (/\\[\(\[]|\\begin\{|\$\$/.test(n.data)) { out.rawTex.push(n.data.trim().slice(0, 120)); break; }
     }
   }
+  // MyST roles and TeX control words left as text. Page text: every text node outside code, scripts and
+  // rendered formulas. Rendered math: the TeX source of each formula (a role inside math is still text to
+  // MathJax) and each token MathJax drew (an \text{\frac} or \_ inside \text shows its backslash).
+  const ROLE = /\{(?:eq|numref|ref|term|doc|download|glue(?::\w+)?|cite(?::\w+)?|prf:ref)\}(?:`[^`]*`)?|\{[A-Za-z][\w:+-]*\}`[^`]*`?/g;
+  const TEX_WORD = /\\[A-Za-z]+/g, TEX_IN_MATH = /\\[A-Za-z]+|\\[_{}$%&#^]/;
+  const snippet = (text, m) => text.slice(Math.max(0, m.index - 20), m.index + m[0].length + 20).replace(/\s+/g, ' ').trim();
+  const NOT_TEXT = 'script, style, noscript, template, textarea, code, pre, kbd, samp, tt, .highlight, mjx-container';
+  out.rawRoles = []; out.texWords = [];
+  const textWalker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = textWalker.nextNode(); n; n = textWalker.nextNode()) {
+    if (!n.parentElement || n.parentElement.closest(NOT_TEXT)) continue;
+    for (const m of n.data.matchAll(ROLE)) if (out.rawRoles.length < 10) out.rawRoles.push(snippet(n.data, m));
+    const words = Array.from(n.data.matchAll(TEX_WORD));
+    if (words.length && out.texWords.length < 10)
+      out.texWords.push({words: Array.from(new Set(words.map(m => m[0]))).slice(0, 6),
+                         context: n.data.slice(Math.max(0, words[0].index - 20), words[0].index + 80).replace(/\s+/g, ' ').trim()});
+  }
+  out.mathRoles = []; out.mathTexWords = [];
+  if (mj && mj.startup && mj.startup.document) {
+    for (const item of mj.startup.document.math) {
+      const tex = String(item.math || '');
+      if (/\{[A-Za-z][\w:+-]*\}\s*`/.test(tex) && out.mathRoles.length < 10)
+        out.mathRoles.push(tex.replace(/\s+/g, ' ').trim().slice(0, 120));
+    }
+  }
+  for (const c of document.querySelectorAll('mjx-container')) {
+    const mml = c.querySelector('mjx-assistive-mml');
+    if (!mml) continue;
+    for (const t of mml.querySelectorAll('mi, mo, mn, mtext, ms')) {
+      const m = TEX_IN_MATH.exec(t.textContent);
+      if (m && out.mathTexWords.length < 10) {
+        out.mathTexWords.push({shown: m[0], tex: (texOf(c) || '').replace(/\s+/g, ' ').trim().slice(0, 120)});
+        break;
+      }
+    }
+  }
   out.mathErrors = [];
   const seen = new Set();
-  const texOf = node => {
+  function texOf(node) {
     if (mj && mj.startup && mj.startup.document)
       for (const item of mj.startup.document.math)
         if (item.typesetRoot && item.typesetRoot.contains(node)) return item.math;
     return null;
-  };
+  }
   for (const e of document.querySelectorAll('mjx-merror')) {
     const c = e.closest('mjx-container'); if (seen.has(c)) continue; seen.add(c);
     out.mathErrors.push({kind: 'error', message: e.getAttribute('data-mjx-error') || e.textContent.trim(),
@@ -345,7 +387,7 @@ JS_DESKTOP = r"""
   out.untitledDropdowns = Array.from(document.querySelectorAll('.admonition.dropdown, .admonition.toggle'))
     .filter(e => !e.querySelector('.admonition-title'))
     .map(e => (e.id ? '#' + e.id + ' ' : '') + e.className + ': ' + e.textContent.replace(/\s+/g, ' ').trim().slice(0, 60));
-  // Display equations that do not fit even at desktop width (they scroll there too): worth a look, not a fault.
+  // Display equations that do not fit at desktop width (they scroll there, or are cut off): a fault.
   out.wideDisplay = Array.from(document.querySelectorAll('mjx-container[display="true"]'))
     .filter(c => c.getBoundingClientRect().width > 0)
     .map(c => [c, c.querySelector('mjx-math')]).filter(([c, m]) => m && m.getBoundingClientRect().width > c.clientWidth + 2)
@@ -357,8 +399,10 @@ JS_DESKTOP = r"""
 })()
 """
 
-JS_PHONE = r"""
-(async () => {
+# The layout of the page at the current viewport width. At 1280 px (strict) a box that scrolls sideways is a
+# fault too, and code boxes must hold 100 characters; at 390 px wide content may scroll inside its own box.
+JS_LAYOUT = r"""
+(async (strict) => {
   // A reader opens dropdowns (proofs, solutions, hidden code): their content must fit too.
   for (const d of document.querySelectorAll('details')) d.open = true;
   for (const e of document.querySelectorAll('.toggle-hidden')) e.classList.remove('toggle-hidden');
@@ -468,6 +512,58 @@ JS_PHONE = r"""
   }
   if (out.scrollWidth > vw + 1)
     out.faults.unshift(`the page is ${out.scrollWidth} px wide in a ${vw} px viewport (it scrolls sideways)`);
+  if (strict) {
+    const root = document.querySelector('article') || document.querySelector('main') || document.body;
+    const visible = el => el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden';
+    // The width of one character in a code box, and how many fit on a line of its content box.
+    const capacity = pre => {
+      const cs = getComputedStyle(pre), probe = document.createElement('span');
+      probe.textContent = '0'.repeat(100);
+      pre.appendChild(probe);
+      const ch = probe.getBoundingClientRect().width / 100;
+      probe.remove();
+      const inner = pre.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+      return {font: parseFloat(cs.fontSize), ch, chars: ch > 0 ? Math.floor(inner / ch + 0.01) : 0, width: pre.clientWidth};
+    };
+    // Boxes in the article that scroll sideways (the innermost one when they nest). Display formulas are
+    // judged by their formula's width (reported with the math), not here.
+    const boxes = [];
+    for (const el of root.querySelectorAll('*')) {
+      if (el.closest('mjx-container, ' + SKIP) || !visible(el)) continue;
+      const o = getComputedStyle(el).overflowX;
+      if ((o === 'auto' || o === 'scroll') && el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1) boxes.push(el);
+    }
+    for (const el of boxes) {
+      if (boxes.some(other => other !== el && el.contains(other))) continue;
+      const pre = el.matches('pre') ? el : el.querySelector('pre');
+      const table = el.matches('table') ? el : el.querySelector('table');
+      const where = el.scrollWidth + ' px of content in a ' + el.clientWidth + ' px box';
+      if (pre) {
+        const lines = pre.textContent.split('\n');
+        const longest = lines.reduce((a, b) => (b.length > a.length ? b : a), '');
+        const c = capacity(pre);
+        out.faults.push(`code box scrolls sideways (${where}): its longest line has ${longest.length} characters, `
+                        + `${c.chars} fit: "${longest.trim().slice(0, 60)}"`);
+      } else if (table) {
+        out.faults.push(`table scrolls sideways (${where}): ${describe(table)}`);
+      } else if (el.matches('span.math')) {
+        out.faults.push(`inline formula scrolls sideways (${where}): ${describe(el)}`);
+      } else {
+        out.faults.push(`${describe(el)} scrolls sideways (${where})`);
+      }
+    }
+    // Code boxes in the article's column: a legible font, and room for a 100-character line.
+    const pres = Array.from(root.querySelectorAll('div.highlight pre')).filter(visible);
+    if (pres.length) {
+      const caps = pres.map(capacity);
+      const best = caps.reduce((a, b) => (b.chars > a.chars ? b : a));
+      out.codeColumn = best;
+      const small = Math.min(...caps.map(c => c.font));
+      if (small < 13) out.faults.push(`code is drawn at ${small} px: at least 13 px is legible beside 16-px text`);
+      if (best.chars < 100)
+        out.faults.push(`the widest code box (${best.width} px, ${best.font}-px font) holds ${best.chars} characters a line: 100 must fit`);
+    }
+  }
   // Mark elements whose own text has CJK characters, for the font check done through the protocol.
   let n = 0;
   for (const el of document.body.querySelectorAll('*')) {
@@ -478,7 +574,7 @@ JS_PHONE = r"""
   }
   out.cjkElements = n;
   return out;
-})()
+})(__STRICT__)
 """
 
 
@@ -635,11 +731,19 @@ class Checker:
             result.faults.append(f"MathJax failed: {d['mathjaxFailure']}")
         for raw in d["rawTex"][:5]:
             result.faults.append(f"raw TeX left on the page: {raw!r}")
+        for raw in d["rawRoles"]:
+            result.faults.append(f"MyST role left as text on the page: {raw!r}")
+        for t in d["texWords"]:
+            result.faults.append(f"TeX left as text on the page ({' '.join(t['words'])}): {t['context']!r}")
+        for tex in d["mathRoles"]:
+            result.faults.append(f"MyST role inside a formula (MathJax draws it as text): {tex!r}")
+        for m in d["mathTexWords"]:
+            result.faults.append(f"TeX drawn as text inside a formula: {m['shown']!r} in {m['tex']!r}")
         for err in d["mathErrors"]:
             result.faults.append(f"MathJax {'error' if err['kind'] == 'error' else 'warning'}: {err['message']}"
                                  + (f" in {err['tex']!r}" if err["tex"] else ""))
         for what in d["wideDisplay"]:
-            result.warnings.append(f"display equation wider than the column at {DESKTOP['width']} px (it scrolls): {what}")
+            result.faults.append(f"at {DESKTOP['width']} px: display equation wider than the column (it scrolls): {what}")
         for what in d["untitledDropdowns"]:
             result.faults.append(f"dropdown without a title (breaks sphinx-togglebutton on this page): {what}")
         # images
@@ -659,9 +763,17 @@ class Checker:
         check_links(page, self.html_dir, d["links"], set(d["ids"]), result)
         self.screenshot(rel.removesuffix(".html").replace("/", "__") + "-desktop.png")
 
+        # desktop layout, with every dropdown open: nothing scrolls sideways, code boxes hold 100 characters
+        w = self.evaluate(JS_LAYOUT.replace("__STRICT__", "true"))
+        result.faults.extend(f"at {w['vw']} px: {f}" for f in w["faults"])
+        if w.get("codeColumn"):
+            c = w["codeColumn"]
+            result.notes.append(f"code column at {w['vw']} px: {c['width']} px, {c['font']:g}-px font, "
+                                f"{c['ch']:.2f} px a character, {c['chars']} characters a line")
+
         # phone width
         b.send("Emulation.setDeviceMetricsOverride", PHONE, session=s)
-        p = self.evaluate(JS_PHONE)
+        p = self.evaluate(JS_LAYOUT.replace("__STRICT__", "false"))
         result.faults.extend(f"at {p['vw']} px: {f}" for f in p["faults"])
         if p["cjkElements"]:
             self.check_cjk(result)

@@ -56,8 +56,9 @@ to <a href="#top">the top</a> and to <a href="https://example.org/paper">a paper
 <div class="math">\\[ G_t = r_t + \\gamma r_{t+1} + \\gamma^2 r_{t+2} + \\gamma^3 r_{t+3} + \\gamma^4 r_{t+4} + \\gamma^5 r_{t+5} + \\gamma^6 r_{t+6} + \\cdots \\]</div>
 <figure><img src="plot.png" alt="../_images/0123456789abcdef0123456789abcdef.png"><figcaption>Fig. 1: the return</figcaption></figure>
 <p><img src="plot.png" alt="A grey square"></p>
-<div style="overflow-x: auto"><table><tr><td>""" + "wide_cell_" * 30 + """</td></tr></table></div>
-<pre style="overflow-x: auto">""" + "long_code_line = 1; " * 20 + """</pre>
+<div style="overflow-x: auto"><table><tr><td>""" + "wide_cell_" * 8 + """</td></tr></table></div>
+<div class="highlight"><pre style="overflow-x: auto; font-size: 14px; padding: 16px">""" + "long_code_line = 1; " * 5 + """</pre></div>
+<p>MyST source shown as code is not a fault: <code>{eq}`eq-ppo-clip`</code>, <code>\\frac{a}{b}</code>.</p>
 <p>强化学习 (reinforcement learning)</p>""",
     "other.html": """<h1 id="sec">Other</h1><p>Nothing here.</p>""",
     # a broken $$ formula: MathJax shows an error instead of the formula
@@ -82,6 +83,22 @@ to <a href="#top">the top</a> and to <a href="https://example.org/paper">a paper
 <img src="http://example.invalid/remote.png" alt="A remote picture">""",
     # a JavaScript error
     "js_error.html": """<script>undefinedFunctionCall();</script><p>Script error.</p>""",
+    # MyST roles that were not parsed, left as text on the page and inside a formula
+    "raw_role.html": """<p>See {eq}`eq-ppo-clip`, and the KL is {glue:text}`ppo_kl:.3f`.</p>""",
+    "role_in_math.html": """<p>Text <span class="math">\\(x = {numref}`fig-x`\\)</span>.</p>""",
+    # TeX that lost its math delimiters (a lost backslash swaps the $ pairs), and TeX that MathJax draws as
+    # text inside a formula (control words and escapes inside \text)
+    "tex_text.html": """<p>The norm \\lVert g \\rVert of the step and \\frac{1}{2}.</p>""",
+    "tex_in_math.html": """<p>Ratio <span class="math">\\(e^{\\text{log\\_p}}\\)</span> and
+<span class="math">\\(\\text{the \\mathrm{old} policy}\\)</span>.</p>""",
+    # at 1280 px: a code box, a display equation and a table that scroll sideways
+    "wide_code.html": """<div class="highlight"><pre style="overflow-x: auto">""" + "x = 1; " * 30 + """</pre></div>""",
+    "wide_display.html": """<div class="math">\\[""" + " + ".join(f"a_{{{i}}} b_{{{i}}}" for i in range(80))
+                         + """\\]</div>""",
+    "wide_table_desktop.html": """<div style="overflow-x: auto"><table><tr><td>""" + "wide_cell_" * 200
+                               + """</td></tr></table></div>""",
+    # code too small to read, in a column too narrow for 100 characters
+    "narrow_code.html": """<div style="width: 500px"><div class="highlight"><pre style="font-size: 12px">x = 1</pre></div></div>""",
 }
 
 
@@ -113,6 +130,23 @@ def test_skipped_pages(tmp_path):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("<p>x</p>")
     assert [p.relative_to(tmp_path).as_posix() for p in cb.list_pages(tmp_path)] == ["a.html", "sub/b.html"]
+
+
+def test_punctuation_after_inline_math_is_kept_with_it():
+    """_ext/rlbook_html.py wraps a formula and the punctuation touching it in span.rlbook-nowrap."""
+    from docutils import nodes
+
+    spec = importlib.util.spec_from_file_location("rlbook_html", ROOT / "_ext" / "rlbook_html.py")
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    p = nodes.paragraph()
+    p += [nodes.Text("where ("), nodes.math(text="x"), nodes.Text("), then "), nodes.math(text="y"),
+          nodes.Text(" and "), nodes.math(text="z"), nodes.Text(".")]
+    assert ext.keep_punctuation_with_math(p) == 2
+    boxes = [n for n in p.children if isinstance(n, nodes.inline)]
+    assert [b.astext() for b in boxes] == ["(x),", "z."]
+    assert all(b["classes"] == ["rlbook-nowrap"] for b in boxes)
+    assert p.astext() == "where (x), then y and z."
 
 
 # ---- the planted faults, in a real browser
@@ -158,6 +192,18 @@ def test_clean_pages_pass(results):
 
 
 @needs_browser
+def test_clean_page_reports_its_code_column(results):
+    notes = "\n".join(results[0]["clean.html"].notes)
+    assert "code column at 1280 px:" in notes and "14-px font" in notes, notes
+
+
+@needs_browser
+def test_scrolling_inside_its_box_is_allowed_at_phone_width(results):
+    # the clean page's 100-character code line and wide table scroll inside their boxes at 390 px: no fault
+    assert not [f for f in results[0]["clean.html"].faults if f.startswith("at 390 px")]
+
+
+@needs_browser
 def test_cjk_text_is_checked_for_a_real_font(results):
     notes = "\n".join(results[0]["clean.html"].notes)
     if cb.cjk_font_families():
@@ -183,6 +229,18 @@ def test_cjk_text_is_checked_for_a_real_font(results):
     ("network.html", "request leaves the machine (blocked): https://example.invalid/tracker.js"),
     ("network.html", "request leaves the machine (blocked): http://example.invalid/remote.png"),
     ("js_error.html", "undefinedFunctionCall is not defined"),
+    ("raw_role.html", "MyST role left as text on the page: 'See {eq}`eq-ppo-clip`, and the"),
+    ("raw_role.html", "{glue:text}`ppo_kl:.3f`"),
+    ("role_in_math.html", "MyST role inside a formula (MathJax draws it as text): 'x = {numref}`fig-x`'"),
+    ("tex_text.html", "TeX left as text on the page (\\lVert \\rVert \\frac): 'The norm \\\\lVert g"),
+    ("tex_in_math.html", "TeX drawn as text inside a formula: '\\\\_' in 'e^{\\\\text{log\\\\_p}}'"),
+    ("tex_in_math.html", "TeX drawn as text inside a formula: '\\\\mathrm'"),
+    ("wide_code.html", "at 1280 px: code box scrolls sideways"),
+    ("wide_code.html", "its longest line has 210 characters"),
+    ("wide_display.html", "at 1280 px: display equation wider than the column"),
+    ("wide_table_desktop.html", "at 1280 px: table scrolls sideways"),
+    ("narrow_code.html", "at 1280 px: code is drawn at 12 px"),
+    ("narrow_code.html", "characters a line: 100 must fit"),
 ])
 def test_planted_fault_is_reported(results, page, expected):
     assert expected in faults(results, page), faults(results, page)
