@@ -79,58 +79,70 @@ def estimator(name: str, needs_value_model: bool = False):
 
 @estimator("reinforce")
 def reinforce(inputs: AdvantageInputs, config: RLConfig) -> Advantages:
-    """REINFORCE without a baseline: each completion's reward is its advantage, A_i = r_i (eq-pg-trajectory)."""
+    """REINFORCE without a baseline: each completion's reward is its advantage, A_i = r_i
+    (eq-pg-trajectory)."""
     return Advantages(inputs.rewards)
 
 
 @estimator("group_mean")
 def group_mean(inputs: AdvantageInputs, config: RLConfig) -> Advantages:
-    """REINFORCE with the group's mean reward as the baseline: A_i = r_i − mean_j r_j (eq-pg-group-baselines)."""
-    return Advantages(group_advantages(inputs.rewards, inputs.num_generations, scale_rewards="none"))
+    """REINFORCE with the group's mean reward as the baseline: A_i = r_i − mean_j r_j
+    (eq-pg-group-baselines)."""
+    return Advantages(
+        group_advantages(inputs.rewards, inputs.num_generations, scale_rewards="none"))
 
 
 @estimator("rloo")
 def rloo(inputs: AdvantageInputs, config: RLConfig) -> Advantages:
-    """RLOO: the mean of the *other* G − 1 rewards as the baseline, A_i = G/(G − 1)·(r_i − mean_j r_j)
-    (eq-pg-group-baselines); unbiased, because the baseline does not depend on r_i."""
+    """RLOO: the mean of the *other* G − 1 rewards as the baseline,
+    A_i = G/(G − 1)·(r_i − mean_j r_j) (eq-pg-group-baselines); unbiased, because the baseline does
+    not depend on r_i."""
     return Advantages(leave_one_out_advantages(inputs.rewards, inputs.num_generations))
 
 
 @estimator("grpo")
 def grpo(inputs: AdvantageInputs, config: RLConfig) -> Advantages:
-    """GRPO: the group z-score, A_i = (r_i − mean) / (std + eps) (eq-grpo-advantage); ``scale_rewards="none"`` is
-    Dr. GRPO's r_i − mean, ``"batch"`` divides by the whole batch's std."""
-    return Advantages(group_advantages(inputs.rewards, inputs.num_generations, scale_rewards=config.scale_rewards))
+    """GRPO: the group z-score, A_i = (r_i − mean) / (std + eps) (eq-grpo-advantage);
+    ``scale_rewards="none"`` is Dr. GRPO's r_i − mean, ``"batch"`` divides by the whole batch's
+    std."""
+    return Advantages(group_advantages(inputs.rewards, inputs.num_generations,
+                                       scale_rewards=config.scale_rewards))
 
 
 @estimator("gfpo")
 def gfpo(inputs: AdvantageInputs, config: RLConfig) -> Advantages:
-    """GFPO: keep ``gfpo_k`` of each group's G completions (the shortest, or the most reward per token; with
-    ``gfpo_adaptive`` more for harder prompts), z-scores over the kept ones, 0 for the others, which leave the loss
-    (eq-gfpo-advantage)."""
-    rewards, lengths, G = inputs.rewards, inputs.lengths.to(inputs.rewards.device), inputs.num_generations
+    """GFPO: keep ``gfpo_k`` of each group's G completions (the shortest, or the most reward per
+    token; with ``gfpo_adaptive`` more for harder prompts), z-scores over the kept ones, 0 for the
+    others, which leave the loss (eq-gfpo-advantage)."""
+    rewards, lengths, G = (inputs.rewards, inputs.lengths.to(inputs.rewards.device),
+                           inputs.num_generations)
     k = gfpo_adaptive_k(rewards, G) if config.gfpo_adaptive else config.gfpo_k
     keep = gfpo_keep_mask(rewards, lengths, G, k, config.gfpo_metric)
     advantages = group_advantages(rewards, G, scale_rewards=config.scale_rewards, keep_mask=keep)
-    return Advantages(advantages, keep=keep, metrics={"gfpo/kept_mean_length": float(lengths[keep].float().mean())})
+    return Advantages(advantages, keep=keep,
+                      metrics={"gfpo/kept_mean_length": float(lengths[keep].float().mean())})
 
 
 @estimator("gae", needs_value_model=True)
 def ppo_gae(inputs: AdvantageInputs, config: RLConfig) -> Advantages:
-    """PPO: GAE(γ, λ) over the value model's estimates (eq-ppo-gae), whitened over the batch's tokens; the value
-    targets are A + V with the same λ."""
-    advantages, returns = gae(inputs.token_rewards, inputs.values, inputs.mask, config.gamma, config.lam)
+    """PPO: GAE(γ, λ) over the value model's estimates (eq-ppo-gae), whitened over the batch's
+    tokens; the value targets are A + V with the same λ."""
+    advantages, returns = gae(inputs.token_rewards, inputs.values, inputs.mask, config.gamma,
+                              config.lam)
     return Advantages(_whiten(advantages, inputs.mask, config), returns=returns)
 
 
 @estimator("vapo", needs_value_model=True)
 def vapo_gae(inputs: AdvantageInputs, config: RLConfig) -> Advantages:
-    """VAPO: decoupled GAE. The policy's advantages use the length-adaptive λ = 1 − 1/(α·|o_i|) (eq-vapo-lambda;
-    ``lam`` when ``lam_alpha`` is None); the value targets use ``lam_critic`` (1 in the paper: Monte Carlo returns,
-    eq-vapo-mc-target), or the policy's λ when ``lam_critic`` is None (one coupled GAE pass)."""
-    lam_policy = config.lam if config.lam_alpha is None else length_adaptive_lam(inputs.lengths, config.lam_alpha)
+    """VAPO: decoupled GAE. The policy's advantages use the length-adaptive λ = 1 − 1/(α·|o_i|)
+    (eq-vapo-lambda; ``lam`` when ``lam_alpha`` is None); the value targets use ``lam_critic`` (1 in
+    the paper: Monte Carlo returns, eq-vapo-mc-target), or the policy's λ when ``lam_critic`` is
+    None (one coupled GAE pass)."""
+    lam_policy = (config.lam if config.lam_alpha is None
+                  else length_adaptive_lam(inputs.lengths, config.lam_alpha))
     lam_critic = lam_policy if config.lam_critic is None else config.lam_critic
-    advantages, returns = gae(inputs.token_rewards, inputs.values, inputs.mask, config.gamma, lam_policy)
+    advantages, returns = gae(inputs.token_rewards, inputs.values, inputs.mask, config.gamma,
+                              lam_policy)
     if config.lam_critic is not None:  # decoupled: the critic's targets from their own λ
         _, returns = gae(inputs.token_rewards, inputs.values, inputs.mask, config.gamma, lam_critic)
     metrics = {"vapo/lam_policy": float(torch.as_tensor(lam_policy, dtype=torch.float32).mean())}

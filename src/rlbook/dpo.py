@@ -101,23 +101,27 @@ def reference_logps(model, tokenizer, pairs: list[PreferencePair], batch_size: i
     return {k: torch.cat([p[k] for p in parts]) for k in ("chosen", "rejected", "chosen_len", "rejected_len")}
 
 
-def dpo_batch(model, tokenizer, pairs: list[PreferencePair], ref: dict[str, torch.Tensor], config: DPOConfig):
-    """``(loss, metrics)`` of one batch: the mean of :func:`dpo_loss` (plus ``rpo_alpha`` x chosen NLL) and the
-    TRL metrics. ``ref`` holds the reference's :func:`pair_logps` of the same pairs, in order. IPO receives
-    length-averaged log-probs (each sum divided by its completion's token count), as the IPO paper and TRL do."""
+def dpo_batch(model, tokenizer, pairs: list[PreferencePair], ref: dict[str, torch.Tensor],
+              config: DPOConfig):
+    """``(loss, metrics)`` of one batch: the mean of :func:`dpo_loss` (plus ``rpo_alpha`` x chosen
+    NLL) and the TRL metrics. ``ref`` holds the reference's :func:`pair_logps` of the same pairs, in
+    order. IPO receives length-averaged log-probs (each sum divided by its completion's token
+    count), as the IPO paper and TRL do."""
     cur = pair_logps(model, tokenizer, pairs)
     chosen, rejected = cur["chosen"], cur["rejected"]
     ref_chosen, ref_rejected = ref["chosen"].to(chosen.device), ref["rejected"].to(chosen.device)
     if config.loss_type == "ipo":
         chosen, ref_chosen = chosen / cur["chosen_len"], ref_chosen / cur["chosen_len"]
         rejected, ref_rejected = rejected / cur["rejected_len"], ref_rejected / cur["rejected_len"]
-    losses, chosen_rewards, rejected_rewards = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=config.beta,
+    losses, chosen_rewards, rejected_rewards = dpo_loss(chosen, rejected, ref_chosen, ref_rejected,
+                                                        beta=config.beta,
                                                         loss_type=config.loss_type,
                                                         label_smoothing=config.label_smoothing)
     loss = losses.mean()
     metrics = {"loss": loss.item()}
     if config.rpo_alpha is not None:
-        nll = -cur["chosen_token_logps"].sum() / cur["chosen_mask"].sum()  # mean token NLL of the chosen sides
+        # mean token NLL of the chosen sides
+        nll = -cur["chosen_token_logps"].sum() / cur["chosen_mask"].sum()
         loss = loss + config.rpo_alpha * nll
         metrics["nll_loss"] = nll.item()
     metrics.update({
@@ -125,7 +129,8 @@ def dpo_batch(model, tokenizer, pairs: list[PreferencePair], ref: dict[str, torc
         "rewards/rejected": rejected_rewards.mean().item(),
         "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean().item(),
         "rewards/margins": (chosen_rewards - rejected_rewards).mean().item(),
-        "logps/chosen": cur["chosen"].detach().mean().item(),  # summed log-probs, whatever the loss type
+        # summed log-probs, whatever the loss type
+        "logps/chosen": cur["chosen"].detach().mean().item(),
         "logps/rejected": cur["rejected"].detach().mean().item(),
     })
     return loss, metrics

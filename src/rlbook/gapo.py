@@ -49,11 +49,12 @@ ARCHS = ("bert", "modernbert")
 
 def build_encoder_reward_model(tokenizer, size: str = "small", arch: str = "bert", seed: int = 0,
                                max_length: int = 64, device=None):
-    """A seeded bidirectional encoder with a one-number head (``…ForSequenceClassification``, ``num_labels=1``,
-    no dropout) over the character vocabulary of ``tokenizer``; ``arch`` is ``"bert"`` or ``"modernbert"``.
+    """A seeded bidirectional encoder with a one-number head (``…ForSequenceClassification``,
+    ``num_labels=1``, no dropout) over the character vocabulary of ``tokenizer``; ``arch`` is
+    ``"bert"`` or ``"modernbert"``.
 
-    The score is read at the first token (BOS plays BERT's [CLS]) after :func:`compact_left`, so that every
-    position attends to the whole prompt + response in both directions."""
+    The score is read at the first token (BOS plays BERT's [CLS]) after :func:`compact_left`, so
+    that every position attends to the whole prompt + response in both directions."""
     if size not in ENCODER_SIZES:
         raise ValueError(f"unknown encoder size {size!r}; choose one of {sorted(ENCODER_SIZES)}")
     if arch not in ARCHS:
@@ -62,16 +63,19 @@ def build_encoder_reward_model(tokenizer, size: str = "small", arch: str = "bert
         raise ValueError(f"max_length must be at least 8, got {max_length}")
     hidden, layers, heads, ffn = ENCODER_SIZES[size]
     common = dict(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
-                  num_attention_heads=heads, intermediate_size=ffn, max_position_embeddings=max_length,
-                  pad_token_id=tokenizer.pad_token_id, num_labels=1)
+                  num_attention_heads=heads, intermediate_size=ffn,
+                  max_position_embeddings=max_length, pad_token_id=tokenizer.pad_token_id,
+                  num_labels=1)
     torch.manual_seed(seed)
     if arch == "bert":
         config = BertConfig(**common, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         model = BertForSequenceClassification(config)
     else:
         from transformers import ModernBertConfig, ModernBertForSequenceClassification
-        config = ModernBertConfig(**common, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                  cls_token_id=tokenizer.bos_token_id, sep_token_id=tokenizer.eos_token_id,
+        config = ModernBertConfig(**common, bos_token_id=tokenizer.bos_token_id,
+                                  eos_token_id=tokenizer.eos_token_id,
+                                  cls_token_id=tokenizer.bos_token_id,
+                                  sep_token_id=tokenizer.eos_token_id,
                                   global_attn_every_n_layers=1, local_attention=max_length,
                                   attention_dropout=0.0, mlp_dropout=0.0, embedding_dropout=0.0,
                                   classifier_dropout=0.0, classifier_pooling="cls")
@@ -99,9 +103,9 @@ def encoder_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
 
 
 class EncoderScorer(RewardModelScorer):
-    """The encoder as the Trainer's ``reward_fn(examples, completions, truncated) -> (B,)`` (scores read by
-    :func:`encoder_scores`); it remembers the ``(example, completion)`` pairs it scored in ``seen`` so that the
-    adversarial loop can build fresh pairs without a change to the trainer."""
+    """The encoder as the Trainer's ``reward_fn(examples, completions, truncated) -> (B,)`` (scores
+    read by :func:`encoder_scores`); it remembers the ``(example, completion)`` pairs it scored in
+    ``seen`` so that the adversarial loop can build fresh pairs without a change to the trainer."""
 
     def __init__(self, model, tokenizer, **kwargs):
         super().__init__(model, tokenizer, score_fn=encoder_scores, **kwargs)
@@ -175,22 +179,26 @@ class GAPOConfig:
             raise ValueError(f"encoder_lr must be positive and beta >= 0, got {self.encoder_lr} and {self.beta}")
 
 
-def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, encoder=None, device=None) -> dict:
-    """Warm up an encoder reward model, then alternate PPO on the policy (in place) with encoder updates.
+def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, encoder=None,
+               device=None) -> dict:
+    """Warm up an encoder reward model, then alternate PPO on the policy (in place) with encoder
+    updates.
 
-    Returns ``{"history": [...], "warmup_accuracy": [before, after], "encoder": model, "trainer": trainer}``; the
-    history holds one dict per round (round 0: before any PPO step) with the encoder's held-out pair accuracy
-    (``pair_accuracy``), the mean encoder ``reward`` and gold rate on training samples (``train_gold``), the
-    gold constraint-satisfaction rate on held-out prompts by the task's rule (``gold``) and
-    ``objective/kl_per_token``, the round's mean of the trainer's metric of that name (the per-token k1 to the
-    reference of the samples; 0 in round 0)."""
+    Returns ``{"history": [...], "warmup_accuracy": [before, after], "encoder": model, "trainer":
+    trainer}``; the history holds one dict per round (round 0: before any PPO step) with the
+    encoder's held-out pair accuracy (``pair_accuracy``), the mean encoder ``reward`` and gold rate
+    on training samples (``train_gold``), the gold constraint-satisfaction rate on held-out prompts
+    by the task's rule (``gold``) and ``objective/kl_per_token``, the round's mean of the trainer's
+    metric of that name (the per-token k1 to the reference of the samples; 0 in round 0)."""
     config = config or GAPOConfig()
     device = device if device is not None else next(policy.parameters()).device
-    train_pairs = build_preference_pairs(task, config.num_train_pairs, seed=[config.seed, 1], split="train")
-    test_pairs = build_preference_pairs(task, config.num_test_pairs, seed=[config.seed, 2], split="test")
+    train_pairs = build_preference_pairs(task, config.num_train_pairs, seed=[config.seed, 1],
+                                         split="train")
+    test_pairs = build_preference_pairs(task, config.num_test_pairs, seed=[config.seed, 2],
+                                        split="test")
     if encoder is None:
-        encoder = build_encoder_reward_model(tokenizer, config.encoder_size, config.encoder_arch, seed=config.seed,
-                                             device=device)
+        encoder = build_encoder_reward_model(tokenizer, config.encoder_size, config.encoder_arch,
+                                             seed=config.seed, device=device)
         warmup = warmup_encoder(encoder, tokenizer, train_pairs, test_pairs, config.warmup_steps,
                                 config.encoder_batch_size, config.encoder_lr, seed=config.seed)
     else:
@@ -201,8 +209,9 @@ def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, enc
                       value_model=build_value_model(policy, seed=config.seed))
     optimizer = torch.optim.AdamW(encoder.parameters(), lr=config.encoder_lr)
     rng = np.random.default_rng([config.seed, 3])
-    history = [{"round": 0, "pair_accuracy": warmup[1], "gold": trainer.evaluate(), "reward": float("nan"),
-                "train_gold": float("nan"), "objective/kl_per_token": 0.0, "encoder_loss": float("nan")}]
+    history = [{"round": 0, "pair_accuracy": warmup[1], "gold": trainer.evaluate(),
+                "reward": float("nan"), "train_gold": float("nan"), "objective/kl_per_token": 0.0,
+                "encoder_loss": float("nan")}]
     for round_ in range(1, config.rounds + 1):
         scorer.seen.clear()
         steps = trainer.train(config.generator_steps, progress=False)[-config.generator_steps:]
@@ -211,11 +220,16 @@ def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, enc
         for _ in range(config.encoder_steps):
             n_fresh = int(round(config.fresh_fraction * config.encoder_batch_size)) if fresh else 0
             batch = [fresh[i] for i in rng.integers(len(fresh), size=n_fresh)] if n_fresh else []
-            batch += [train_pairs[i] for i in rng.integers(len(train_pairs), size=config.encoder_batch_size - n_fresh)]
+            batch += [train_pairs[i] for i in rng.integers(
+                len(train_pairs), size=config.encoder_batch_size - n_fresh)]
             losses.append(bradley_terry_step(encoder, optimizer, tokenizer, batch, encoder_scores))
-        history.append({"round": round_, "pair_accuracy": pair_accuracy(encoder, tokenizer, test_pairs, encoder_scores),
-                        "gold": trainer.evaluate(), "reward": float(np.mean([s["reward"] for s in steps])),
+        history.append({"round": round_,
+                        "pair_accuracy": pair_accuracy(encoder, tokenizer, test_pairs,
+                                                       encoder_scores),
+                        "gold": trainer.evaluate(),
+                        "reward": float(np.mean([s["reward"] for s in steps])),
                         "train_gold": float(np.mean([s["accuracy"] for s in steps])),
-                        "objective/kl_per_token": float(np.mean([s.get("objective/kl_per_token", 0.0) for s in steps])),
+                        "objective/kl_per_token": float(np.mean(
+                            [s.get("objective/kl_per_token", 0.0) for s in steps])),
                         "encoder_loss": float(np.mean(losses)) if losses else float("nan")})
     return {"history": history, "warmup_accuracy": warmup, "encoder": encoder, "trainer": trainer}

@@ -84,21 +84,24 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") ->
 
 
 def gae(
-    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float | torch.Tensor
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+    lam: float | torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation over right-padded rows: ``(advantages, returns)``, each (B, T).
+    """Generalised advantage estimation over right-padded rows: ``(advantages, returns)``, each
+    (B, T).
 
-        δ_t = r_t + γ V_{t+1} − V_t      (V = 0 after a row's last real token: the episode ends there)
-        A_t = δ_t + γλ A_{t+1} = Σ_k (γλ)^k δ_{t+k}
+        δ_t = r_t + γ V_{t+1} − V_t      (V = 0 after a row's last real token: the episode ends
+        there) A_t = δ_t + γλ A_{t+1} = Σ_k (γλ)^k δ_{t+k}
         returns = A + V                 (the value model's regression target)
 
-    ``lam`` is a float or a per-row tensor (B,) (VAPO's length-adaptive λ). Both outputs are 0 on padding.
-    Computed without a loop over time steps: ``A = δ M`` with the upper-triangular discount matrix
-    ``M[s, t] = (γλ)^(t−s)`` for ``t ≥ s`` (memory B·T² for a per-row λ, T² otherwise).
+    ``lam`` is a float or a per-row tensor (B,) (VAPO's length-adaptive λ). Both outputs are 0 on
+    padding. Computed without a loop over time steps: ``A = δ M`` with the upper-triangular discount
+    matrix ``M[s, t] = (γλ)^(t−s)`` for ``t ≥ s`` (memory B·T² for a per-row λ, T² otherwise).
     """
     _check_same_shape(rewards=rewards, values=values, mask=mask)
     if rewards.dim() != 2:
-        raise ValueError(f"rewards, values and mask must be (B, T), got shape {tuple(rewards.shape)}")
+        raise ValueError("rewards, values and mask must be (B, T), got shape "
+                         f"{tuple(rewards.shape)}")
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
     mask = mask.bool()
@@ -107,20 +110,23 @@ def gae(
     _check_finite("values", values, mask)
     lam = torch.as_tensor(lam, dtype=rewards.dtype, device=rewards.device)
     if lam.dim() not in (0, 1) or (lam.dim() == 1 and lam.shape[0] != rewards.shape[0]):
-        raise ValueError(f"lam must be a float or a (B,) = ({rewards.shape[0]},) tensor, got shape {tuple(lam.shape)}")
+        raise ValueError(f"lam must be a float or a (B,) = ({rewards.shape[0]},) tensor, got shape "
+                         f"{tuple(lam.shape)}")
     if not bool(((lam >= 0) & (lam <= 1)).all()):
         raise ValueError(f"lam must lie in [0, 1], got {lam.tolist()}")
 
     zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
     rewards, values = torch.where(mask, rewards, zero), torch.where(mask, values, zero)
-    next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)  # padding is already 0
+    # padding is already 0
+    next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)
     deltas = rewards + gamma * next_values - values  # (B, T), 0 on padding
 
     T = rewards.shape[1]
     steps = torch.arange(T, device=rewards.device)
     lag = steps[None, :] - steps[:, None]  # lag[s, t] = t − s
     decay = (gamma * lam).reshape(-1, 1, 1)  # (1 or B, 1, 1)
-    discount = torch.where(lag >= 0, decay ** lag.clamp(min=0).to(rewards.dtype), zero)  # (1 or B, T, T)
+    # (1 or B, T, T)
+    discount = torch.where(lag >= 0, decay ** lag.clamp(min=0).to(rewards.dtype), zero)
     advantages = torch.einsum("bt,bst->bs", deltas, discount.expand(rewards.shape[0], T, T))
     advantages = torch.where(mask, advantages, zero)
     return advantages, torch.where(mask, advantages + values, zero)
@@ -133,26 +139,31 @@ def group_advantages(
     eps: float = 1e-4,
     keep_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Advantages from a group baseline: rewards (N·G,) in contiguous groups of ``num_generations`` → (N·G,).
+    """Advantages from a group baseline: rewards (N·G,) in contiguous groups of ``num_generations``
+    → (N·G,).
 
-    - ``"group"`` (GRPO): (r − group mean) / (group std + eps), std unbiased (n − 1), eps = 1e-4 as in TRL;
+    - ``"group"`` (GRPO): (r − group mean) / (group std + eps), std unbiased (n − 1), eps = 1e-4 as
+      in TRL;
     - ``"batch"``: group mean, but the std of the whole batch;
     - ``"none"`` (Dr. GRPO, and REINFORCE with a group-mean baseline): r − group mean.
 
-    ``keep_mask`` (N·G,) bool (GFPO's filtering): means and stds over the kept completions only, and advantage 0
-    for the others. A group whose (kept) rewards are all equal gets advantage 0, never NaN: it carries no signal
-    about which completion is better.
+    ``keep_mask`` (N·G,) bool (GFPO's filtering): means and stds over the kept completions only, and
+    advantage 0 for the others. A group whose (kept) rewards are all equal gets advantage 0, never
+    NaN: it carries no signal about which completion is better.
     """
     G = _check_groups(rewards, num_generations)
     if scale_rewards not in ("group", "batch", "none"):
-        raise ValueError(f"unknown scale_rewards {scale_rewards!r}; choose 'group', 'batch' or 'none'")
+        raise ValueError(f"unknown scale_rewards {scale_rewards!r}; choose 'group', 'batch' or "
+                         "'none'")
     if scale_rewards != "none" and G < 2:
-        raise ValueError(f"scale_rewards={scale_rewards!r} needs num_generations >= 2 for a standard deviation, got {G}")
+        raise ValueError(f"scale_rewards={scale_rewards!r} needs num_generations >= 2 for a "
+                         f"standard deviation, got {G}")
     if keep_mask is None:
         keep = torch.ones_like(rewards)
     else:
         if keep_mask.shape != rewards.shape:
-            raise ValueError(f"keep_mask must have the rewards' shape {tuple(rewards.shape)}, got {tuple(keep_mask.shape)}")
+            raise ValueError(f"keep_mask must have the rewards' shape {tuple(rewards.shape)}, got "
+                             f"{tuple(keep_mask.shape)}")
         keep = keep_mask.to(rewards.dtype)
     groups, kept = rewards.view(-1, G), keep.view(-1, G)
     count = kept.sum(-1, keepdim=True)
@@ -169,11 +180,11 @@ def group_advantages(
 
 
 def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
-    """RLOO: each completion's baseline is the mean reward of the *other* G − 1 completions of its prompt,
-    r_i − (Σ_{j≠i} r_j)/(G − 1) = G/(G − 1) · (r_i − group mean); rewards (N·G,) → (N·G,).
+    """RLOO: each completion's baseline is the mean reward of the *other* G − 1 completions of its
+    prompt, r_i − (Σ_{j≠i} r_j)/(G − 1) = G/(G − 1) · (r_i − group mean); rewards (N·G,) → (N·G,).
 
-    Unlike the plain group mean, the baseline does not depend on r_i itself, so the gradient estimate stays
-    unbiased.
+    Unlike the plain group mean, the baseline does not depend on r_i itself, so the gradient
+    estimate stays unbiased.
     """
     G = _check_groups(rewards, num_generations)
     if G < 2:
@@ -190,44 +201,51 @@ def gfpo_keep_mask(
 ) -> torch.Tensor:
     """GFPO's filter: keep ``k`` of each group's G completions, (N·G,) bool.
 
-    ``metric="length"`` keeps the k shortest; ``"token_efficiency"`` the k with the highest reward per token
-    (r_i / |o_i|). Ties go to the earlier completion. ``k`` is one number, or one per group (N,) (see
-    :func:`gfpo_adaptive_k`). The advantages are then computed over the kept ones only
-    (``group_advantages(..., keep_mask=...)``), and the others get 0.
+    ``metric="length"`` keeps the k shortest; ``"token_efficiency"`` the k with the highest reward
+    per token (r_i / |o_i|). Ties go to the earlier completion. ``k`` is one number, or one per
+    group (N,) (see :func:`gfpo_adaptive_k`). The advantages are then computed over the kept ones
+    only (``group_advantages(..., keep_mask=...)``), and the others get 0.
     """
     G = _check_groups(rewards, num_generations)
     if lengths.shape != rewards.shape:
-        raise ValueError(f"lengths must have the rewards' shape {tuple(rewards.shape)}, got {tuple(lengths.shape)}")
+        raise ValueError(f"lengths must have the rewards' shape {tuple(rewards.shape)}, got "
+                         f"{tuple(lengths.shape)}")
     if metric not in ("length", "token_efficiency"):
         raise ValueError(f"unknown GFPO metric {metric!r}; choose 'length' or 'token_efficiency'")
     N = rewards.numel() // G
     k = torch.as_tensor(k, device=rewards.device).expand(N)
     if bool(((k < 1) | (k > G)).any()):
-        raise ValueError(f"k must lie in [1, num_generations = {G}] for every group, got {k.tolist()}")
+        raise ValueError(f"k must lie in [1, num_generations = {G}] for every group, got "
+                         f"{k.tolist()}")
     if metric == "length":
         score = -lengths.to(torch.float64)  # higher is better: shorter
     else:
         score = rewards.to(torch.float64) / lengths.to(torch.float64).clamp(min=1)
     order = torch.sort(score.view(N, G), dim=-1, descending=True, stable=True).indices  # best first
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(G, device=order.device).expand(N, G))
+    rank = torch.empty_like(order).scatter_(-1, order,
+                                            torch.arange(G, device=order.device).expand(N, G))
     return (rank < k[:, None]).flatten()
 
 
-def gfpo_adaptive_k(rewards: torch.Tensor, num_generations: int, k_by_difficulty=(4, 6, 8, 8)) -> torch.Tensor:
+def gfpo_adaptive_k(rewards: torch.Tensor, num_generations: int,
+                    k_by_difficulty=(4, 6, 8, 8)) -> torch.Tensor:
     """GFPO's Adaptive Difficulty: more survivors for harder prompts, (N,) long.
 
-    Difficulty is the group's mean reward, ranked within the batch into as many buckets as ``k_by_difficulty``
-    has entries (quartiles by default), from easiest (highest mean reward) to hardest. The paper estimates
-    difficulty on the fly without giving the formula in what we could read; this bucketing is our assumption.
+    Difficulty is the group's mean reward, ranked within the batch into as many buckets as
+    ``k_by_difficulty`` has entries (quartiles by default), from easiest (highest mean reward) to
+    hardest. The paper estimates difficulty on the fly without giving the formula in what we could
+    read; this bucketing is our assumption.
     """
     G = _check_groups(rewards, num_generations)
     k_values = torch.as_tensor(k_by_difficulty, device=rewards.device)
     if bool(((k_values < 1) | (k_values > G)).any()):
-        raise ValueError(f"every k must lie in [1, num_generations = {G}], got {list(k_by_difficulty)}")
+        raise ValueError(f"every k must lie in [1, num_generations = {G}], got "
+                         f"{list(k_by_difficulty)}")
     means = rewards.view(-1, G).mean(-1)
     N = means.numel()
     easiest_first = torch.sort(-means, stable=True).indices
-    rank = torch.empty_like(easiest_first).scatter_(0, easiest_first, torch.arange(N, device=means.device))
+    rank = torch.empty_like(easiest_first).scatter_(0, easiest_first,
+                                                    torch.arange(N, device=means.device))
     bucket = (rank * len(k_values)) // N
     return k_values[bucket]
 
@@ -240,24 +258,29 @@ def lambda_grpo_softmax(
     eps: float = 1e-4,
     h_min: float = 1e-3,
 ) -> torch.Tensor:
-    """λ-GRPO's softmax weights w (N·G,), which sum to 1 over each group (see :func:`lambda_grpo_weights`).
+    """λ-GRPO's softmax weights w (N·G,), which sum to 1 over each group (see
+    :func:`lambda_grpo_weights`).
 
     Within a group of completion lengths |o_1|, …, |o_G| (contiguous groups of ``num_generations``):
 
-        z_i = (|o_i| − mean|o|) / (std|o| + eps)    (std unbiased, n − 1, as in :func:`group_advantages`)
-        h_i = max(1 + r · z_i, h_min)
+        z_i = (|o_i| − mean|o|) / (std|o| + eps)    (std unbiased, n − 1, as in
+        :func:`group_advantages`) h_i = max(1 + r · z_i, h_min)
         w_i = softmax_i(h_i^λ) = exp(h_i^λ) / Σ_j exp(h_j^λ)
 
-    ``r`` is the paper's name for the lift's slope (the book writes ξ, r being the reward there, and d_i for
-    z_i). Differentiable in ``lam`` and ``r`` (pass tensors that require grad). λ = 0 gives h^0 = 1 and uniform
-    weights 1/G; with r > 0, λ > 0 puts more weight on the longer completions of a group and λ < 0 on the
-    shorter ones. A group of equal lengths has z = 0 and uniform weights for every λ.
+    ``r`` is the paper's name for the lift's slope (the book writes ξ, r being the reward there, and
+    d_i for z_i). Differentiable in ``lam`` and ``r`` (pass tensors that require grad). λ = 0 gives
+    h^0 = 1 and uniform weights 1/G; with r > 0, λ > 0 puts more weight on the longer completions of
+    a group and λ < 0 on the shorter ones. A group of equal lengths has z = 0 and uniform weights
+    for every λ.
 
-    ``h_min`` is our assumption: h^λ is undefined for h ≤ 0 and non-integer λ, and what the paper does there was
-    not found. |z_i| ≤ (G − 1)/√G within a group, so r < √G/(G − 1) (0.40 for G = 8) never reaches the floor.
+    ``h_min`` is our assumption: h^λ is undefined for h ≤ 0 and non-integer λ, and what the paper
+    does there was not found. |z_i| ≤ (G − 1)/√G within a group, so r < √G/(G − 1) (0.40 for G = 8)
+    never reaches the floor.
     """
-    if lengths.dim() != 1 or num_generations < 1 or lengths.numel() == 0 or lengths.numel() % num_generations:
-        raise ValueError(f"lengths must be one per completion, (N*G,), in groups of num_generations="
+    if (lengths.dim() != 1 or num_generations < 1 or lengths.numel() == 0
+            or lengths.numel() % num_generations):
+        raise ValueError("lengths must be one per completion, (N*G,), in groups of "
+                         "num_generations="
                          f"{num_generations}; got shape {tuple(lengths.shape)}")
     G = num_generations
     if G < 2:
@@ -265,7 +288,8 @@ def lambda_grpo_softmax(
     lam = torch.as_tensor(lam, dtype=torch.float32, device=lengths.device)
     r = torch.as_tensor(r, dtype=torch.float32, device=lengths.device)
     if lam.dim() or r.dim():
-        raise ValueError(f"lam and r must be scalars, got shapes {tuple(lam.shape)} and {tuple(r.shape)}")
+        raise ValueError(f"lam and r must be scalars, got shapes {tuple(lam.shape)} and "
+                         f"{tuple(r.shape)}")
     if not (bool(torch.isfinite(lam)) and bool(torch.isfinite(r))):
         raise ValueError(f"lam and r must be finite, got {lam.item()} and {r.item()}")
     if not eps > 0 or not h_min > 0:
@@ -274,7 +298,8 @@ def lambda_grpo_softmax(
         raise ValueError(f"lengths must be finite, got {lengths.tolist()[:8]}")
     if bool((lengths < 1).any()):
         rows = (lengths < 1).nonzero().flatten().tolist()
-        raise ValueError(f"completions {rows[:5]} have no token (an all-masked row): every length must be >= 1")
+        raise ValueError(f"completions {rows[:5]} have no token (an all-masked row): every length "
+                         "must be >= 1")
     groups = lengths.to(torch.float32).view(-1, G)
     z = (groups - groups.mean(-1, keepdim=True)) / (groups.std(-1, keepdim=True) + eps)
     h = (1 + r * z).clamp(min=h_min)
@@ -292,9 +317,10 @@ def lambda_grpo_weights(
     """λ-GRPO's per-response weights f (N·G,): f_i = G · w_i, which sum to G over each group.
 
     With them the loss is Σ_i f_i Σ_t ℓ_{i,t} / Σ_i |o_i| (``policy_loss(..., loss_type="dapo",
-    response_weights=f)``): every token of completion i carries the weight f_i. λ = 0 gives f = 1, which is
-    DAPO's token mean exactly; GRPO (f_i ∝ 1/|o_i|) and Dr. GRPO (f_i constant per batch) are other choices of
-    f. See :func:`lambda_grpo_softmax` for w, the length standardisation and the floor ``h_min``.
+    response_weights=f)``): every token of completion i carries the weight f_i. λ = 0 gives f = 1,
+    which is DAPO's token mean exactly; GRPO (f_i ∝ 1/|o_i|) and Dr. GRPO (f_i constant per batch)
+    are other choices of f. See :func:`lambda_grpo_softmax` for w, the length standardisation and
+    the floor ``h_min``.
     """
     return num_generations * lambda_grpo_softmax(lengths, num_generations, lam, r, eps, h_min)
 
@@ -320,41 +346,51 @@ def rlhf_token_rewards(
 ) -> torch.Tensor:
     """The per-token reward of PPO for RLHF (InstructGPT, TRL, OpenRLHF), (B, T):
 
-        r_t = −β · k_t(π ‖ π_ref)  at every completion token,  plus the sequence's ``score`` at its last token,
+        r_t = −β · k_t(π ‖ π_ref)  at every completion token,  plus the sequence's ``score`` at its
+        last token,
 
-    so each row sums to score − β Σ_t k_t and padding gets 0. ``scores`` (B,) come from a reward model or a rule;
-    ``kl_kind`` is the per-token estimator (k1 in InstructGPT and by default in TRL's PPO). verl, OpenRLHF and we
-    put the score at the last real token; TRL's PPO puts it one position later.
+    so each row sums to score − β Σ_t k_t and padding gets 0. ``scores`` (B,) come from a reward
+    model or a rule; ``kl_kind`` is the per-token estimator (k1 in InstructGPT and by default in
+    TRL's PPO). verl, OpenRLHF and we put the score at the last real token; TRL's PPO puts it one
+    position later.
     """
     if beta < 0 or not math.isfinite(beta):
         raise ValueError(f"beta must be a finite number >= 0, got {beta}")
     _check_same_shape(logp=logp, ref_logp=ref_logp, mask=mask)
     mask = mask.bool()
     if scores.shape != logp.shape[:1]:
-        raise ValueError(f"scores must be one per row, shape ({logp.shape[0]},), got {tuple(scores.shape)}")
+        raise ValueError(f"scores must be one per row, shape ({logp.shape[0]},), got "
+                         f"{tuple(scores.shape)}")
     if not bool(torch.isfinite(scores).all()):
         raise ValueError(f"scores must be finite, got {scores.tolist()}")
     lengths = mask.sum(-1)
     if not bool((lengths > 0).all()):
-        raise ValueError(f"every row needs at least one completion token; rows {(lengths == 0).nonzero().flatten().tolist()} have none")
+        raise ValueError("every row needs at least one completion token; rows "
+                         f"{(lengths == 0).nonzero().flatten().tolist()} have none")
     _check_right_padded(mask)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    kl = torch.where(mask, kl_estimate(torch.where(mask, logp, zero), torch.where(mask, ref_logp, zero), kl_kind), zero)
+    kl = torch.where(mask, kl_estimate(torch.where(mask, logp, zero),
+                                       torch.where(mask, ref_logp, zero), kl_kind), zero)
     rewards = -beta * kl
-    rewards[torch.arange(len(scores), device=scores.device), lengths - 1] += scores.to(rewards.dtype)
+    rewards[torch.arange(len(scores), device=scores.device),
+            lengths - 1] += scores.to(rewards.dtype)
     return rewards
 
 
-def adaptive_kl_coef(beta: float, kl: float, target: float, num_samples: int, horizon: int = 10_000) -> float:
-    """The adaptive KL controller of Ziegler et al. (2019), as TRL and OpenRLHF implement it: the next β.
+def adaptive_kl_coef(beta: float, kl: float, target: float, num_samples: int,
+                     horizon: int = 10_000) -> float:
+    """The adaptive KL controller of Ziegler et al. (2019), as TRL and OpenRLHF implement it: the
+    next β.
 
         e = clip(KL / target − 1, −0.2, 0.2),    β ← β · (1 + e · num_samples / horizon)
 
-    β grows while the measured KL (to the reference, per sequence) exceeds the target and shrinks below it, by at
-    most 20 % per ``horizon`` samples. Implementation practice, not part of the PPO paper.
+    β grows while the measured KL (to the reference, per sequence) exceeds the target and shrinks
+    below it, by at most 20 % per ``horizon`` samples. Implementation practice, not part of the PPO
+    paper.
     """
     if not target > 0 or not horizon > 0 or num_samples < 0:
-        raise ValueError(f"target and horizon must be positive and num_samples >= 0, got {target}, {horizon}, {num_samples}")
+        raise ValueError(f"target and horizon must be positive and num_samples >= 0, got {target}, "
+                         f"{horizon}, {num_samples}")
     if not math.isfinite(kl):
         raise ValueError(f"the measured KL must be finite, got {kl}")
     error = min(max(kl / target - 1.0, -0.2), 0.2)
@@ -362,11 +398,13 @@ def adaptive_kl_coef(beta: float, kl: float, target: float, num_samples: int, ho
 
 
 def length_adaptive_lam(lengths: torch.Tensor, alpha: float = 0.05) -> torch.Tensor:
-    """VAPO's length-adaptive λ for the policy's GAE, one per row: λ = 1 − 1/(α·l) for a completion of l tokens.
+    """VAPO's length-adaptive λ for the policy's GAE, one per row: λ = 1 − 1/(α·l) for a completion
+    of l tokens.
 
-    Long completions get λ close to 1 (little bias from bootstrapping over many tokens), short ones a smaller λ
-    (less variance). The formula is negative for α·l < 1, where the paper is silent; we clamp λ to [0, 1], so a
-    completion shorter than 1/α tokens uses λ = 0 (one-step TD), which is the formula's limit at α·l = 1.
+    Long completions get λ close to 1 (little bias from bootstrapping over many tokens), short ones
+    a smaller λ (less variance). The formula is negative for α·l < 1, where the paper is silent; we
+    clamp λ to [0, 1], so a completion shorter than 1/α tokens uses λ = 0 (one-step TD), which is
+    the formula's limit at α·l = 1.
     """
     if not alpha > 0:
         raise ValueError(f"alpha must be positive, got {alpha}")
@@ -384,11 +422,14 @@ def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
     """log ρ, the log importance ratio of π_θ to π_old, (B, T), 0 outside ``mask``, at TRL's
     ``importance_sampling_level``:
 
-    - ``"token"``: log ρ_t = logp_t − old_logp_t, one ratio per token (PPO, GRPO, DAPO; eq-ppo-clip);
-    - ``"sequence"`` (GSPO, eq-gspo-ratio): log s_i = Σ_t m (logp − old_logp) / |o_i| at every token of row i, the
-      log of the geometric mean of the token ratios, with the gradient flowing through the mean;
-    - ``"sequence_token"`` (GSPO-token, eq-gspo-token): logp_t − sg(logp_t) + sg(log s_i): the value of log s_i,
-      the gradient of logp_t alone; with a per-completion advantage it equals ``"sequence"`` in value and gradient.
+    - ``"token"``: log ρ_t = logp_t − old_logp_t, one ratio per token (PPO, GRPO, DAPO;
+      eq-ppo-clip);
+    - ``"sequence"`` (GSPO, eq-gspo-ratio): log s_i = Σ_t m (logp − old_logp) / |o_i| at every token
+      of row i, the log of the geometric mean of the token ratios, with the gradient flowing through
+      the mean;
+    - ``"sequence_token"`` (GSPO-token, eq-gspo-token): logp_t − sg(logp_t) + sg(log s_i): the value
+      of log s_i, the gradient of logp_t alone; with a per-completion advantage it equals
+      ``"sequence"`` in value and gradient.
 
     Sequence levels need at least one masked token per row.
     """
@@ -399,7 +440,8 @@ def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
     lengths = mask.sum(-1)
     if not bool((lengths > 0).all()):
         rows = (lengths == 0).nonzero().flatten().tolist()
-        raise ValueError(f"rows {rows[:5]} have no masked token: a sequence-level ratio needs at least one")
+        raise ValueError(f"rows {rows[:5]} have no masked token: a sequence-level ratio needs at "
+                         "least one")
     sequence = masked_sum(token, mask, dim=-1) / lengths  # log s_i, (B,)
     if importance_sampling_level == "sequence":
         return sequence[:, None].expand_as(logp)
@@ -408,9 +450,10 @@ def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
 
 def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, epsilon: float,
                       epsilon_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """PPO-Clip's per-token loss (eq-ppo-clip), −min(ρA, clip(ρ, 1 − ε, 1 + ε_high)·A), all (B, T), and where
-    the clip removes the gradient: ``(loss, low, high)`` with ``low`` = ρ < 1 − ε and A < 0, ``high`` = ρ > 1 +
-    ε_high and A > 0 (TRL's ``clip_ratio/low`` and ``/high``). ε_high > ε is DAPO's clip-higher."""
+    """PPO-Clip's per-token loss (eq-ppo-clip), −min(ρA, clip(ρ, 1 − ε, 1 + ε_high)·A), all (B, T),
+    and where the clip removes the gradient: ``(loss, low, high)`` with ``low`` = ρ < 1 − ε and A <
+    0, ``high`` = ρ > 1 + ε_high and A > 0 (TRL's ``clip_ratio/low`` and ``/high``). ε_high > ε is
+    DAPO's clip-higher."""
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
     loss = -torch.minimum(ratio * advantages, clipped * advantages)
     low = (ratio < 1 - epsilon) & (advantages < 0)
@@ -418,17 +461,22 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, epsilon: fl
     return loss, low, high
 
 
-def gmpo_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, epsilon: float,
-                   epsilon_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gmpo_surrogate(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, epsilon: float,
+    epsilon_high: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GMPO's loss per completion (eq-gmpo-objective), (B,), with its clip indicators (B, T).
 
-    Per row, Δ_t = log ρ_t is clipped in log space by the sign of the row's advantage A_i (A > 0: min(Δ, clip(Δ,
-    −ε, ε_high)); A ≤ 0: max(Δ, clip(Δ, −ε, ε_high))), and the loss is −A_i · exp(Σ_t m Δ̃_t / |o_i|): the
-    advantage times the *geometric* mean of the clipped token ratios. ε is in log space (0.4 in GMPO)."""
-    row_advantage = masked_mean(advantages, mask, dim=-1)  # constant over a row for the group methods
+    Per row, Δ_t = log ρ_t is clipped in log space by the sign of the row's advantage A_i (A > 0:
+    min(Δ, clip(Δ, −ε, ε_high)); A ≤ 0: max(Δ, clip(Δ, −ε, ε_high))), and the loss is −A_i · exp(Σ_t
+    m Δ̃_t / |o_i|): the advantage times the *geometric* mean of the clipped token ratios. ε is in
+    log space (0.4 in GMPO)."""
+    # constant over a row for the group methods
+    row_advantage = masked_mean(advantages, mask, dim=-1)
     positive = (row_advantage > 0)[:, None]
     clipped = torch.clamp(log_ratio, -epsilon, epsilon_high)
-    delta = torch.where(positive, torch.minimum(log_ratio, clipped), torch.maximum(log_ratio, clipped))
+    delta = torch.where(positive, torch.minimum(log_ratio, clipped),
+                        torch.maximum(log_ratio, clipped))
     geometric_mean_ratio = torch.exp(masked_sum(delta, mask, dim=-1) / mask.sum(-1))
     low = (log_ratio < -epsilon) & ~positive
     high = (log_ratio > epsilon_high) & positive
@@ -436,35 +484,38 @@ def gmpo_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torc
 
 
 def completion_token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``loss_type="grpo"`` (eq-grpo-objective): each completion's token mean, averaged over completions,
-    mean_i Σ_t m ℓ / |o_i|. Every completion weighs the same, so a token of a long one weighs less (f_i =
-    1/(B|o_i|))."""
+    """``loss_type="grpo"`` (eq-grpo-objective): each completion's token mean, averaged over
+    completions, mean_i Σ_t m ℓ / |o_i|. Every completion weighs the same, so a token of a long one
+    weighs less (f_i = 1/(B|o_i|))."""
     lengths = mask.sum(-1).clamp(min=1)
     return (masked_sum(per_token, mask, dim=-1) / lengths).mean()
 
 
 def token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``loss_type="bnpo"`` (PPO's token mean): Σ m ℓ / Σ m over the batch this call sees (a micro-batch under
-    gradient accumulation, so it is a mean of micro-batch means)."""
+    """``loss_type="bnpo"`` (PPO's token mean): Σ m ℓ / Σ m over the batch this call sees (a
+    micro-batch under gradient accumulation, so it is a mean of micro-batch means)."""
     return masked_sum(per_token, mask) / mask.sum().clamp(min=1)
 
 
 def constant_normaliser(per_token: torch.Tensor, mask: torch.Tensor,
                         max_completion_length: int | None) -> torch.Tensor:
-    """``loss_type="dr_grpo"`` (Dr. GRPO, eq-drgrpo-weights): Σ m ℓ / (B · L_max), a constant that does not
-    depend on any completion's length (``max_completion_length`` defaults to the padded length T)."""
+    """``loss_type="dr_grpo"`` (Dr. GRPO, eq-drgrpo-weights): Σ m ℓ / (B · L_max), a constant that
+    does not depend on any completion's length (``max_completion_length`` defaults to the padded
+    length T)."""
     length = per_token.shape[1] if max_completion_length is None else max_completion_length
     if length < per_token.shape[1]:
-        raise ValueError(f"max_completion_length {length} is shorter than the completions' padded length "
+        raise ValueError(f"max_completion_length {length} is shorter than the completions' padded "
+                         "length "
                          f"{per_token.shape[1]}")
     return masked_sum(per_token, mask) / (per_token.shape[0] * length)
 
 
 def global_token_mean(per_token: torch.Tensor, mask: torch.Tensor,
                       num_items_in_batch: int | float | torch.Tensor | None) -> torch.Tensor:
-    """``loss_type="dapo"`` (DAPO's token-level loss, eq-dapo-objective): Σ m ℓ / ``num_items_in_batch``, the token
-    count of the *whole* optimizer batch (default: Σ m, this call's), so that the gradients of its micro-batches
-    sum to the gradient of one global token mean: no further division under gradient accumulation."""
+    """``loss_type="dapo"`` (DAPO's token-level loss, eq-dapo-objective): Σ m ℓ /
+    ``num_items_in_batch``, the token count of the *whole* optimizer batch (default: Σ m, this
+    call's), so that the gradients of its micro-batches sum to the gradient of one global token
+    mean: no further division under gradient accumulation."""
     count = mask.sum() if num_items_in_batch is None else num_items_in_batch
     if not count > 0:
         raise ValueError(f"num_items_in_batch must be positive, got {count}")
@@ -474,13 +525,15 @@ def global_token_mean(per_token: torch.Tensor, mask: torch.Tensor,
 def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, *,
                    max_completion_length: int | None = None, num_items_in_batch=None,
                    gradient_accumulation_steps: int = 1) -> torch.Tensor:
-    """Reduce the (B, T) token losses of one micro-batch to the scalar whose gradient is accumulated.
+    """Reduce the (B, T) token losses of one micro-batch to the scalar whose gradient is
+    accumulated.
 
     ``loss_type`` picks :func:`completion_token_mean` ("grpo"), :func:`token_mean` ("bnpo"),
-    :func:`constant_normaliser` ("dr_grpo") or :func:`global_token_mean` ("dapo"). The first three are means
-    over the micro-batch, divided by ``gradient_accumulation_steps`` so that the accumulated gradient is their
-    average; "dapo" already divides by the whole batch's token count. ("gmpo" has its own per-completion loss,
-    :func:`gmpo_surrogate`, and is averaged like "grpo".)"""
+    :func:`constant_normaliser` ("dr_grpo") or :func:`global_token_mean` ("dapo"). The first three
+    are means over the micro-batch, divided by ``gradient_accumulation_steps`` so that the
+    accumulated gradient is their average; "dapo" already divides by the whole batch's token count.
+    ("gmpo" has its own per-completion loss, :func:`gmpo_surrogate`, and is averaged like
+    "grpo".)"""
     if loss_type == "dapo":
         return global_token_mean(per_token, mask, num_items_in_batch)
     if loss_type in ("grpo", "gmpo"):
@@ -511,39 +564,44 @@ def policy_loss(
     importance_sampling_level: str = "token",
     response_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The family's objective (eq-family-surrogate) for one micro-batch: ratio, clipped surrogate, the in-loss
-    KL, the response weights, the aggregation. Returns ``(loss, metrics)``.
+    """The family's objective (eq-family-surrogate) for one micro-batch: ratio, clipped surrogate,
+    the in-loss KL, the response weights, the aggregation. Returns ``(loss, metrics)``.
 
-    Per token, with ρ from :func:`log_ratio` at ``importance_sampling_level`` and ε_high = ε unless given:
+    Per token, with ρ from :func:`log_ratio` at ``importance_sampling_level`` and ε_high = ε unless
+    given:
 
-        ℓ_t = −min(ρ_t A_t, clip(ρ_t, 1 − ε, 1 + ε_high) A_t) + β · k3_t(π ‖ π_ref)     (:func:`clipped_surrogate`)
+        ℓ_t = −min(ρ_t A_t, clip(ρ_t, 1 − ε, 1 + ε_high) A_t) + β · k3_t(π ‖ π_ref)
+        (:func:`clipped_surrogate`)
 
-    ``advantages`` are per token (B, T) (PPO with GAE) or per completion (B,) (the group methods), broadcast over
-    tokens. ``response_weights`` (B,) ≥ 0 (λ-GRPO) multiply every token loss of row i by f_i; gradients flow into
-    them. :func:`aggregate_loss` then reduces by ``loss_type`` ("grpo", "bnpo", "dr_grpo", "dapo"), dividing by
-    ``gradient_accumulation_steps`` where the aggregation is a micro-batch mean. ``loss_type="gmpo"`` replaces the
-    token terms by :func:`gmpo_surrogate` (+ β · the row's mean k3), averaged over rows; not with response weights.
+    ``advantages`` are per token (B, T) (PPO with GAE) or per completion (B,) (the group methods),
+    broadcast over tokens. ``response_weights`` (B,) ≥ 0 (λ-GRPO) multiply every token loss of row i
+    by f_i; gradients flow into them. :func:`aggregate_loss` then reduces by ``loss_type`` ("grpo",
+    "bnpo", "dr_grpo", "dapo"), dividing by ``gradient_accumulation_steps`` where the aggregation is
+    a micro-batch mean. ``loss_type="gmpo"`` replaces the token terms by :func:`gmpo_surrogate` (+ β
+    · the row's mean k3), averaged over rows; not with response weights.
 
-    The metrics are detached floats over the masked tokens, named as TRL names them: ``clip_ratio/low_mean``,
-    ``clip_ratio/high_mean``, ``clip_ratio/region_mean`` (the tokens whose gradient the clip removes), ``kl``
-    (mean k3 to the reference, when β > 0); and ``approx_kl`` (k3 estimate of KL(π_old ‖ π_θ), as CleanRL logs it),
-    ``ratio/min``, ``ratio/max``, ``ratio/mean``.
+    The metrics are detached floats over the masked tokens, named as TRL names them:
+    ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean`` (the tokens whose
+    gradient the clip removes), ``kl`` (mean k3 to the reference, when β > 0); and ``approx_kl`` (k3
+    estimate of KL(π_old ‖ π_θ), as CleanRL logs it), ``ratio/min``, ``ratio/max``, ``ratio/mean``.
     """
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
-    _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_type, importance_sampling_level, beta,
-                            ref_logp, response_weights)
+    _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_type,
+                            importance_sampling_level, beta, ref_logp, response_weights)
     mask = mask.bool()
     if advantages.shape == logp.shape[:1]:
         advantages = advantages[:, None].expand_as(logp)
     elif advantages.shape != logp.shape:
-        raise ValueError(f"advantages must be (B,) = ({logp.shape[0]},) or (B, T) = {tuple(logp.shape)}, "
+        raise ValueError(f"advantages must be (B,) = ({logp.shape[0]},) or (B, T) = "
+                         f"{tuple(logp.shape)}, "
                          f"got {tuple(advantages.shape)}")
     _check_finite("advantages", advantages, mask)
 
     log_rho = log_ratio(logp, old_logp, mask, importance_sampling_level)
     if loss_type == "gmpo" and not bool((mask.sum(-1) > 0).all()):
         rows = (mask.sum(-1) == 0).nonzero().flatten().tolist()
-        raise ValueError(f"rows {rows[:5]} have no masked token: GMPO's geometric mean needs at least one")
+        raise ValueError(f"rows {rows[:5]} have no masked token: GMPO's geometric mean needs at "
+                         "least one")
     ratio = torch.exp(log_rho)
     kl_ref = kl_estimate(logp, torch.where(mask, ref_logp, logp)) if beta > 0 else None
     if loss_type == "gmpo":
@@ -558,7 +616,8 @@ def policy_loss(
             per_token = per_token + beta * kl_ref
         if response_weights is not None:
             per_token = per_token * response_weights[:, None]
-        loss = aggregate_loss(per_token, mask, loss_type, max_completion_length=max_completion_length,
+        loss = aggregate_loss(per_token, mask, loss_type,
+                              max_completion_length=max_completion_length,
                               num_items_in_batch=num_items_in_batch,
                               gradient_accumulation_steps=gradient_accumulation_steps)
 
@@ -567,7 +626,8 @@ def policy_loss(
             "clip_ratio/low_mean": masked_mean(low.float(), mask).item(),
             "clip_ratio/high_mean": masked_mean(high.float(), mask).item(),
             "clip_ratio/region_mean": masked_mean((low | high).float(), mask).item(),
-            "approx_kl": masked_mean(kl_estimate(old_logp, torch.where(mask, logp, old_logp)), mask).item(),
+            "approx_kl": masked_mean(kl_estimate(old_logp, torch.where(mask, logp, old_logp)),
+                                     mask).item(),
             "ratio/min": ratio[mask].min().item(),
             "ratio/max": ratio[mask].max().item(),
             "ratio/mean": masked_mean(ratio, mask).item(),
@@ -611,13 +671,16 @@ def _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_ty
             raise ValueError(f"response_weights must be finite and >= 0, got {response_weights.tolist()[:8]}")
 
 
-def positive_example_nll(logp: torch.Tensor, loss_mask: torch.Tensor, correct: torch.Tensor) -> torch.Tensor | None:
-    """VAPO's positive-example language-model loss (eq-vapo-nll): the token-mean negative log-likelihood
-    −Σ m_t c_i log π_θ(o_t) / Σ m_t c_i over the loss tokens (``loss_mask`` (B, T)) of the completions the task calls
-    correct (``correct`` (B,) bool), whatever reward drove the advantages. None when no correct completion has a
-    loss token (the term is then absent, not 0/0)."""
+def positive_example_nll(logp: torch.Tensor, loss_mask: torch.Tensor,
+                         correct: torch.Tensor) -> torch.Tensor | None:
+    """VAPO's positive-example language-model loss (eq-vapo-nll): the token-mean negative
+    log-likelihood −Σ m_t c_i log π_θ(o_t) / Σ m_t c_i over the loss tokens (``loss_mask`` (B, T))
+    of the completions the task calls correct (``correct`` (B,) bool), whatever reward drove the
+    advantages. None when no correct completion has a loss token (the term is then absent, not
+    0/0)."""
     if correct.shape != loss_mask.shape[:1]:
-        raise ValueError(f"correct must have one entry per row, shape {tuple(loss_mask.shape[:1])}, "
+        raise ValueError("correct must have one entry per row, shape "
+                         f"{tuple(loss_mask.shape[:1])}, "
                          f"got {tuple(correct.shape)}")
     correct_tokens = loss_mask * correct[:, None]
     if not bool(correct_tokens.any()):
@@ -632,10 +695,12 @@ def value_loss(
     mask: torch.Tensor,
     cliprange_value: float | None = None,
 ) -> torch.Tensor:
-    """½ · masked mean of max((V − R)², (clip(V, V_old − c, V_old + c) − R)²), all (B, T) (eq-ppo-value-loss).
+    """½ · masked mean of max((V − R)², (clip(V, V_old − c, V_old + c) − R)²), all (B, T)
+    (eq-ppo-value-loss).
 
-    The clipped branch (PPO's value clipping, c = ``cliprange_value``, TRL's name) stops the value model from moving
-    far from the values it had when the rollout was scored; ``None`` gives the plain ½ (V − R)².
+    The clipped branch (PPO's value clipping, c = ``cliprange_value``, TRL's name) stops the value
+    model from moving far from the values it had when the rollout was scored; ``None`` gives the
+    plain ½ (V − R)².
     """
     _check_same_shape(values=values, old_values=old_values, returns=returns, mask=mask)
     mask = mask.bool()
@@ -690,26 +755,29 @@ def dpo_loss(
     loss_type: str = "sigmoid",
     label_smoothing: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-pair DPO losses and implicit rewards: ``(losses, chosen_rewards, rejected_rewards)``, each (N,).
+    """Per-pair DPO losses and implicit rewards: ``(losses, chosen_rewards, rejected_rewards)``,
+    each (N,).
 
-    The four inputs are (N,) sequence log-probs log π(y | x) of the chosen (y_w) and rejected (y_l) completions
-    under the policy and under the frozen reference. With the log-ratio margin
+    The four inputs are (N,) sequence log-probs log π(y | x) of the chosen (y_w) and rejected (y_l)
+    completions under the policy and under the frozen reference. With the log-ratio margin
 
         Δ = (chosen_logps − ref_chosen_logps) − (rejected_logps − ref_rejected_logps)
 
     and ε = ``label_smoothing``, the per-pair loss is (TRL's ``loss_type`` names):
 
-    - ``"sigmoid"``: −(1−ε)·log σ(βΔ) − ε·log σ(−βΔ); ε = 0 is plain DPO (the DPO loss equation of the
-      chapter), ε > 0 is conservative DPO (cDPO, TRL ≤ 0.28 and OpenRLHF);
-    - ``"robust"``: (−(1−ε)·log σ(βΔ) + ε·log σ(−βΔ)) / (1 − 2ε), unbiased under flipped labels (rDPO);
+    - ``"sigmoid"``: −(1−ε)·log σ(βΔ) − ε·log σ(−βΔ); ε = 0 is plain DPO (the DPO loss equation of
+      the chapter), ε > 0 is conservative DPO (cDPO, TRL ≤ 0.28 and OpenRLHF);
+    - ``"robust"``: (−(1−ε)·log σ(βΔ) + ε·log σ(−βΔ)) / (1 − 2ε), unbiased under flipped labels
+      (rDPO);
     - ``"hinge"``: relu(1 − βΔ) (SLiC);
-    - ``"ipo"``: (Δ − 1/(2β))². IPO expects *length-averaged* log-probs (the caller divides each sequence
-      log-prob by its completion length, as the IPO paper and TRL do); this function does not know the lengths.
+    - ``"ipo"``: (Δ − 1/(2β))². IPO expects *length-averaged* log-probs (the caller divides each
+      sequence log-prob by its completion length, as the IPO paper and TRL do); this function does
+      not know the lengths.
 
-    β multiplies the log-ratio margin exactly once (erratum E12). ``chosen_rewards = β·(chosen_logps −
-    ref_chosen_logps)`` and ``rejected_rewards`` likewise are the implicit rewards TRL logs, detached (no
-    gradient flows through them). Raises ValueError on mismatched shapes, non-finite log-probs, β ≤ 0,
-    ε outside [0, 0.5) or an unknown ``loss_type``.
+    β multiplies the log-ratio margin exactly once (erratum E12). ``chosen_rewards = β·(chosen_logps
+    − ref_chosen_logps)`` and ``rejected_rewards`` likewise are the implicit rewards TRL logs,
+    detached (no gradient flows through them). Raises ValueError on mismatched shapes, non-finite
+    log-probs, β ≤ 0, ε outside [0, 0.5) or an unknown ``loss_type``.
     """
     if loss_type not in DPO_LOSS_TYPES:
         raise ValueError(f"unknown DPO loss_type {loss_type!r}; choose one of {DPO_LOSS_TYPES}")
@@ -718,12 +786,14 @@ def dpo_loss(
     if not (isinstance(label_smoothing, (int, float)) and 0.0 <= label_smoothing < 0.5):
         raise ValueError(f"label_smoothing must lie in [0, 0.5), got {label_smoothing!r}")
     if label_smoothing > 0 and loss_type not in ("sigmoid", "robust"):
-        raise ValueError(f"label_smoothing applies to the 'sigmoid' and 'robust' losses, not {loss_type!r}")
+        raise ValueError("label_smoothing applies to the 'sigmoid' and 'robust' losses, not "
+                         f"{loss_type!r}")
     tensors = dict(chosen_logps=chosen_logps, rejected_logps=rejected_logps,
                    ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
     _check_same_shape(**tensors)
     if chosen_logps.dim() != 1 or chosen_logps.numel() == 0:
-        raise ValueError(f"DPO log-probs must be (N,) with N >= 1 (one per pair), got {tuple(chosen_logps.shape)}")
+        raise ValueError("DPO log-probs must be (N,) with N >= 1 (one per pair), got "
+                         f"{tuple(chosen_logps.shape)}")
     for name, x in tensors.items():
         if not bool(torch.isfinite(x).all()):
             raise ValueError(f"{name} is not finite at {int((~torch.isfinite(x)).sum())} pairs")
@@ -733,9 +803,11 @@ def dpo_loss(
     delta = chosen_logratios - rejected_logratios  # Δ: no β yet
     eps = float(label_smoothing)
     if loss_type == "sigmoid":
-        losses = -(1 - eps) * torch.nn.functional.logsigmoid(beta * delta) - eps * torch.nn.functional.logsigmoid(-beta * delta)
+        losses = (-(1 - eps) * torch.nn.functional.logsigmoid(beta * delta)
+                  - eps * torch.nn.functional.logsigmoid(-beta * delta))
     elif loss_type == "robust":
-        losses = (-(1 - eps) * torch.nn.functional.logsigmoid(beta * delta) + eps * torch.nn.functional.logsigmoid(-beta * delta)) / (1 - 2 * eps)
+        losses = (-(1 - eps) * torch.nn.functional.logsigmoid(beta * delta)
+                  + eps * torch.nn.functional.logsigmoid(-beta * delta)) / (1 - 2 * eps)
     elif loss_type == "hinge":
         losses = torch.relu(1 - beta * delta)
     else:  # "ipo"

@@ -169,9 +169,11 @@ PRESETS: dict[str, dict] = {
 
 
 def preset(name: str, **overrides) -> RLConfig:
-    """An :class:`RLConfig` with the named algorithm's settings (see :data:`PRESETS`), then ``overrides``.
+    """An :class:`RLConfig` with the named algorithm's settings (see :data:`PRESETS`), then
+    ``overrides``.
 
-    DAPO's soft overlong buffer defaults to a quarter of ``max_completion_length`` (the paper's 4,096 of 20,480)."""
+    DAPO's soft overlong buffer defaults to a quarter of ``max_completion_length`` (the paper's
+    4,096 of 20,480)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     check_keys(overrides)

@@ -65,8 +65,10 @@ def build_reward_model(policy: PreTrainedModel, init: str = "policy", seed: int 
     return model.to(next(policy.parameters()).device).eval()
 
 
-def sequence_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """r(x, y) for each row of prompt + completion, (B,) float32: the head ``score`` at the last real token.
+def sequence_scores(model: PreTrainedModel, input_ids: torch.Tensor,
+                    attention_mask: torch.Tensor) -> torch.Tensor:
+    """r(x, y) for each row of prompt + completion, (B,) float32: the head ``score`` at the last
+    real token.
 
     Works with left- and right-padding: the last real token is the rightmost column whose mask is 1.
     """
@@ -75,7 +77,8 @@ def sequence_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_m
                               position_ids=position_ids).last_hidden_state  # (B, L, H)
     columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)
     last = (attention_mask.bool() * columns).argmax(-1)  # (B,)
-    return model.score(hidden[torch.arange(len(last), device=last.device), last]).squeeze(-1).float()
+    return model.score(
+        hidden[torch.arange(len(last), device=last.device), last]).squeeze(-1).float()
 
 
 def pair_scores(model, tokenizer, pairs: list[PreferencePair],

@@ -38,23 +38,28 @@ from rlbook.metrics import entropy_from_log_probs
 
 @dataclass
 class RolloutBatch:
-    """``G = num_generations`` completions for each of ``N`` prompts, as one batch of ``B = N * G`` rows.
+    """``G = num_generations`` completions for each of ``N`` prompts, as one batch of ``B = N * G``
+    rows.
 
-    Grouping: rows ``i*G, ..., i*G + G - 1`` are the completions of prompt ``i`` (see :attr:`prompt_index`), so a
-    per-row quantity of shape ``(B,)`` is grouped by ``x.view(N, G)``.
+    Grouping: rows ``i*G, ..., i*G + G - 1`` are the completions of prompt ``i`` (see
+    :attr:`prompt_index`), so a per-row quantity of shape ``(B,)`` is grouped by ``x.view(N, G)``.
 
     Shapes (``P`` = longest prompt in tokens, ``T`` = decode steps run, ``T <= max_new_tokens``):
 
     - ``prompt_ids`` (B, P) long: the prompt tokens, left-padded with the pad id;
     - ``prompt_mask`` (B, P) long: 1 on real prompt tokens, 0 on padding;
     - ``completion_ids`` (B, T) long: the sampled tokens, the pad id after the first EOS;
-    - ``completion_mask`` (B, T) long: 1 up to and including the first EOS, 0 after it; all ones if no EOS;
-    - ``logprobs`` (B, T) float32: ``log pi(o_t | q, o_<t)`` of each sampled token under the sampling policy at the
-      sampling temperature, ``log_softmax(logits / temperature)``; 0 where ``completion_mask`` is 0;
-    - ``entropies`` (B, T) float32: the entropy (nats) of that whole next-token distribution at each step, the
-      ``entropy`` metric TRL logs; 0 where ``completion_mask`` is 0;
-    - ``lengths`` (B,) long: ``completion_mask.sum(-1)``, the number of completion tokens, EOS included;
-    - ``truncated`` (B,) bool: no EOS within ``max_new_tokens`` (TRL logs their fraction as ``clipped_ratio``).
+    - ``completion_mask`` (B, T) long: 1 up to and including the first EOS, 0 after it; all ones if
+      no EOS;
+    - ``logprobs`` (B, T) float32: ``log pi(o_t | q, o_<t)`` of each sampled token under the
+      sampling policy at the sampling temperature, ``log_softmax(logits / temperature)``; 0 where
+      ``completion_mask`` is 0;
+    - ``entropies`` (B, T) float32: the entropy (nats) of that whole next-token distribution at each
+      step, the ``entropy`` metric TRL logs; 0 where ``completion_mask`` is 0;
+    - ``lengths`` (B,) long: ``completion_mask.sum(-1)``, the number of completion tokens, EOS
+      included;
+    - ``truncated`` (B,) bool: no EOS within ``max_new_tokens`` (TRL logs their fraction as
+      ``clipped_ratio``).
     """
 
     prompt_ids: torch.Tensor
@@ -84,33 +89,39 @@ class RolloutBatch:
 
     @property
     def input_ids(self) -> torch.Tensor:
-        """(B, P + T) long: prompt and completion side by side, the input of a training forward pass."""
+        """(B, P + T) long: prompt and completion side by side, the input of a training forward
+        pass."""
         return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
 
     @property
     def attention_mask(self) -> torch.Tensor:
-        """(B, P + T) long: ``prompt_mask`` then ``completion_mask`` (tokens after the first EOS are padding)."""
+        """(B, P + T) long: ``prompt_mask`` then ``completion_mask`` (tokens after the first EOS are
+        padding)."""
         return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
 
     def decode_completions(self, tokenizer: PreTrainedTokenizerBase) -> list[str]:
         """The B completions as text, EOS and padding stripped.
 
-        Like TRL, we decode with ``skip_special_tokens=True``, so a special token sampled *inside* a completion
-        (a stray ``<bos>`` or ``<pad>``) is dropped from the text too; it still counts in ``lengths``.
+        Like TRL, we decode with ``skip_special_tokens=True``, so a special token sampled *inside* a
+        completion (a stray ``<bos>`` or ``<pad>``) is dropped from the text too; it still counts in
+        ``lengths``.
         """
         ids = self.completion_ids.masked_fill(self.completion_mask == 0, tokenizer.pad_token_id)
         return tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)
 
     def to(self, device: str | torch.device) -> RolloutBatch:
         """A copy with every tensor moved to ``device``."""
-        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                 for k, v in vars(self).items()}
         return RolloutBatch(**moved)
 
     def select_groups(self, groups) -> RolloutBatch:
-        """The batch of the prompts ``groups`` (indices into ``prompts``), each with all its G completions."""
+        """The batch of the prompts ``groups`` (indices into ``prompts``), each with all its G
+        completions."""
         groups = torch.as_tensor(groups, dtype=torch.long).reshape(-1)
         if groups.numel() and not (0 <= int(groups.min()) and int(groups.max()) < self.num_prompts):
-            raise ValueError(f"group indices must lie in [0, {self.num_prompts}), got {groups.tolist()}")
+            raise ValueError(f"group indices must lie in [0, {self.num_prompts}), "
+                             f"got {groups.tolist()}")
         G = self.num_generations
         rows = (groups[:, None] * G + torch.arange(G)).reshape(-1).to(self.completion_ids.device)
         picked = {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
@@ -198,13 +209,15 @@ def informative_groups(rewards, num_generations: int) -> np.ndarray:
 
 def dynamic_sampling(sample_round: Callable[[int], Rollout], num_prompts: int, max_rounds: int,
                      pad_token_id: int) -> Rollout:
-    """DAPO's dynamic sampling: keep only the groups whose rewards differ, and sample more until ``num_prompts``
-    such groups are found or ``max_rounds`` rounds of ``sample_round(round_)`` are spent.
+    """DAPO's dynamic sampling: keep only the groups whose rewards differ, and sample more until
+    ``num_prompts`` such groups are found or ``max_rounds`` rounds of ``sample_round(round_)`` are
+    spent.
 
-    A group whose G rewards are all equal (all right or all wrong) has advantage 0 under a group baseline: it
-    teaches nothing and only shrinks the batch. If the rounds run out, the step trains on the groups it has (fewer;
-    the first round whole if no round found any). Metrics: ``frac_reward_zero_std`` of the first round (before any
-    filtering), ``dynamic_sampling/rounds`` and ``dynamic_sampling/groups`` (the groups kept).
+    A group whose G rewards are all equal (all right or all wrong) has advantage 0 under a group
+    baseline: it teaches nothing and only shrinks the batch. If the rounds run out, the step trains
+    on the groups it has (fewer; the first round whole if no round found any). Metrics:
+    ``frac_reward_zero_std`` of the first round (before any filtering), ``dynamic_sampling/rounds``
+    and ``dynamic_sampling/groups`` (the groups kept).
     """
     kept = []
     for round_ in range(max_rounds):
@@ -214,20 +227,23 @@ def dynamic_sampling(sample_round: Callable[[int], Rollout], num_prompts: int, m
             first = rollout
             first.metrics["frac_reward_zero_std"] = float(np.mean(~informative))
         have = sum(len(r.examples) for r in kept)
-        kept.append(rollout.select_groups(np.flatnonzero(informative)[: num_prompts - have].tolist()))
+        kept.append(
+            rollout.select_groups(np.flatnonzero(informative)[: num_prompts - have].tolist()))
         if have + len(kept[-1].examples) == num_prompts:
             break
     parts = [r for r in kept if r.examples]
     if parts:
-        first = Rollout(concat_rollouts([r.batch for r in parts], pad_token_id), [e for r in parts for e in r.examples],
-                        [c for r in parts for c in r.completions], np.concatenate([r.rewards for r in parts]),
-                        first.metrics)
+        first = Rollout(concat_rollouts([r.batch for r in parts], pad_token_id),
+                        [e for r in parts for e in r.examples],
+                        [c for r in parts for c in r.completions],
+                        np.concatenate([r.rewards for r in parts]), first.metrics)
     first.metrics.update({"dynamic_sampling/rounds": round_ + 1,
                           "dynamic_sampling/groups": sum(len(r.examples) for r in parts)})
     return first
 
 
-@torch.no_grad()  # not inference_mode: the tensors we return are used as inputs of a training forward pass later
+# not inference_mode: the tensors we return are used as inputs of a training forward pass later
+@torch.no_grad()
 def generate_rollouts(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -247,40 +263,45 @@ def generate_rollouts(
     The procedure, written out instead of calling ``model.generate``:
 
     1. tokenize the ``N`` prompts, left-padded to a common length ``P``;
-    2. *prefill*: one forward pass over the ``N`` prompts fills the KV cache and gives the first next-token
-       logits; both are then repeated ``G`` times (``repeat_interleave``), so each prompt is processed once,
-       not ``G`` times as when ``generate`` is given the repeated prompts;
-    3. *decode*: each step samples one token per row, records its log-prob, and feeds only that token (the cache
-       holds the rest). A row that has emitted EOS is finished and is fed padding; once half of the batch has
-       finished, the batch and its cache are halved (``generate`` keeps decoding finished rows to the end), and
-       the loop stops when every row is done.
+    2. *prefill*: one forward pass over the ``N`` prompts fills the KV cache and gives the first
+       next-token logits; both are then repeated ``G`` times (``repeat_interleave``), so each prompt
+       is processed once, not ``G`` times as when ``generate`` is given the repeated prompts;
+    3. *decode*: each step samples one token per row, records its log-prob, and feeds only that
+       token (the cache holds the rest). A row that has emitted EOS is finished and is fed padding;
+       once half of the batch has finished, the batch and its cache are halved (``generate`` keeps
+       decoding finished rows to the end), and the loop stops when every row is done.
 
-    Position ids count real tokens only (``cumsum`` of the attention mask), so a left-padded prompt is processed
-    exactly as the same prompt unpadded; the attention mask hides the padding.
+    Position ids count real tokens only (``cumsum`` of the attention mask), so a left-padded prompt
+    is processed exactly as the same prompt unpadded; the attention mask hides the padding.
 
-    Sampling: ``token ~ softmax(filter(logits / temperature))`` where ``filter`` keeps the ``top_k`` most likely
-    tokens and/or the smallest set whose probability reaches ``top_p``; ``greedy=True`` takes the argmax instead.
-    The recorded ``logprobs`` are ``log_softmax(logits / temperature)`` of the chosen token over the *whole*
-    vocabulary: top-k/top-p truncation is not reflected (as in TRL and verl). The reason: the training side
-    recomputes log-probs with :func:`sequence_logprobs`, which knows nothing of the truncation, and the importance
-    ratio ``pi_theta / pi_old`` must compare like with like (it must be exactly 1 before the first update). The
-    price is that with truncation the samples come from a slightly different distribution than the one whose
-    log-probs we record; at ``top_k=None, top_p=None`` (the RL default) the two agree exactly.
+    Sampling: ``token ~ softmax(filter(logits / temperature))`` where ``filter`` keeps the ``top_k``
+    most likely tokens and/or the smallest set whose probability reaches ``top_p``; ``greedy=True``
+    takes the argmax instead. The recorded ``logprobs`` are ``log_softmax(logits / temperature)`` of
+    the chosen token over the *whole*
+    vocabulary: top-k/top-p truncation is not reflected (as in TRL and verl). The reason: the
+    training side recomputes log-probs with :func:`sequence_logprobs`, which knows nothing of the
+    truncation, and the importance ratio ``pi_theta / pi_old`` must compare like with like (it must
+    be exactly 1 before the first update). The price is that with truncation the samples come from a
+    slightly different distribution than the one whose log-probs we record; at ``top_k=None,
+    top_p=None`` (the RL default) the two agree exactly.
 
-    ``seed`` (an int, or a ``torch.Generator`` on ``device``) makes the draw reproducible; ``None`` uses torch's
-    global random stream. The model is put in eval mode while sampling and restored afterwards.
+    ``seed`` (an int, or a ``torch.Generator`` on ``device``) makes the draw reproducible; ``None``
+    uses torch's global random stream. The model is put in eval mode while sampling and restored
+    afterwards.
 
-    ``shrink_batch=False`` keeps every row in the batch to the end, as ``generate`` does: one batch shape
-    throughout. Measured on an H200 under bf16 autocast (bench/rollout_bench.py), the halved batches' new shapes
-    cost more in cuDNN attention planning than they saved, for these tiny models; on a CPU shrinking only helps.
+    ``shrink_batch=False`` keeps every row in the batch to the end, as ``generate`` does: one batch
+    shape throughout. Measured on an H200 under bf16 autocast (bench/rollout_bench.py), the halved
+    batches' new shapes cost more in cuDNN attention planning than they saved, for these tiny
+    models; on a CPU shrinking only helps.
     """
     _check_sampling_args(prompts, num_generations, max_new_tokens, temperature, top_k, top_p)
     check_tokenizer(tokenizer)
     device = resolve_device(device, model)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
 
-    # 1. Prompts: left-padded, (N, P). Each is prefilled once; the cache is then repeated G times, so that rows
-    #    i*G .. i*G+G-1 belong to prompt i (generate() instead repeats the prompts and prefills each G times).
+    # 1. Prompts: left-padded, (N, P). Each is prefilled once; the cache is then repeated G times,
+    #    so that rows i*G .. i*G+G-1 belong to prompt i (generate() instead repeats the prompts and
+    #    prefills each G times).
     encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
     prompt_ids, prompt_mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
     _check_prompt_lengths(model, prompt_mask, max_new_tokens)
@@ -293,35 +314,43 @@ def generate_rollouts(
     logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)
     entropies = torch.zeros((B, T), dtype=torch.float32, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)  # has the row emitted EOS yet?
-    # Llama/Qwen2 run through rlbook.lm.lean (the same function over the same weights, without the per-call
-    # overhead of the Hugging Face modules, which dominates at these sizes); any other model through its forward.
+    # Llama/Qwen2 run through rlbook.lm.lean (the same function over the same weights, without the
+    # per-call overhead of the Hugging Face modules, which dominates at these sizes); any other
+    # model through its forward.
     use_lean = lean.supports(model)
     cache = lean.LeanCache() if use_lean else DynamicCache(config=model.config)
     cache_kwarg = _cache_kwarg(model)
     head = model.get_output_embeddings()
 
-    def next_token_logits(input_ids, attention_mask, position_ids):  # (b, V): logits at the last position
+    # (b, V): logits at the last position
+    def next_token_logits(input_ids, attention_mask, position_ids):
         if use_lean:
-            return head(lean.hidden_states(model, input_ids, attention_mask, position_ids, cache)[:, -1])
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
-                    logits_to_keep=1, **{cache_kwarg: cache})
+            return head(
+                lean.hidden_states(model, input_ids, attention_mask, position_ids, cache)[:, -1])
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                    use_cache=True, logits_to_keep=1, **{cache_kwarg: cache})
         return out.logits[:, -1]
 
     was_training = model.training
     model.eval()
     try:
-        # 2. Prefill: position ids 0, 1, 2, ... over the real tokens (padding gets 0; it is masked anyway).
+        # 2. Prefill: position ids 0, 1, 2, ... over the real tokens (padding gets 0; it is
+        #    masked anyway).
         position_ids = position_ids_from_mask(prompt_mask)
-        next_logits = next_token_logits(prompt_ids, prompt_mask, position_ids).repeat_interleave(G, dim=0)  # (B, V)
+        next_logits = next_token_logits(prompt_ids, prompt_mask,
+                                        position_ids).repeat_interleave(G, dim=0)  # (B, V)
         cache.batch_repeat_interleave(G)
-        prompt_ids, prompt_mask = prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0)
-        prompt_lengths = prompt_mask.sum(-1)  # (B,): the first completion token sits at this position
-        # The attention mask grows by one column per step; build it once and slice. Finished rows attend to
-        # their padding too (mask 1): harmless, nothing they compute after EOS is kept.
+        prompt_ids, prompt_mask = (prompt_ids.repeat_interleave(G, dim=0),
+                                   prompt_mask.repeat_interleave(G, dim=0))
+        # (B,): the first completion token sits at this position
+        prompt_lengths = prompt_mask.sum(-1)
+        # The attention mask grows by one column per step; build it once and slice. Finished rows
+        # attend to their padding too (mask 1): harmless, nothing they compute after EOS is kept.
         attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones((B, T))], dim=1)  # (B, P + T)
 
-        # 3. Decode: the only Python loop, one iteration per generated token. `rows` lists the rows of the full
-        #    batch that are still in the model's batch (and cache); it shrinks as rows finish, see below.
+        # 3. Decode: the only Python loop, one iteration per generated token. `rows` lists the rows
+        #    of the full batch that are still in the model's batch (and cache); it shrinks as rows
+        #    finish, see below.
         rows = torch.arange(B, device=device)
         for t in range(T):
             scores = next_logits.float() / temperature  # (b, V) float32, b = len(rows)
@@ -333,7 +362,8 @@ def generate_rollouts(
             log_probs = scores.log_softmax(-1)  # (b, V), untruncated: see above
             token_logprob = log_probs.gather(-1, token[:, None]).squeeze(-1)
 
-            alive = ~done[rows]  # still generating: this token is part of the completion (EOS included)
+            # still generating: this token is part of the completion (EOS included)
+            alive = ~done[rows]
             completion_ids[rows, t] = torch.where(alive, token, pad_id)
             completion_mask[rows, t] = alive.long()
             logprobs[rows, t] = torch.where(alive, token_logprob, 0.0)
@@ -343,18 +373,21 @@ def generate_rollouts(
             num_alive = int((~done[rows]).sum())  # one host-device sync per step, as in generate()
             if steps == T or num_alive == 0:  # stop early once every row has ended
                 break
-            # Halve the batch once half of it has finished: decoding finished rows is wasted work, which generate()
-            # keeps doing until the last row ends. Halving (rather than dropping each finished row at once) keeps
-            # the batch sizes to B, B/2, B/4, ...: few copies of the cache, and few distinct shapes, which matters
-            # on a GPU, where attention kernels (cuDNN's under bf16) are planned anew for every new shape.
+            # Halve the batch once half of it has finished: decoding finished rows is wasted work,
+            # which generate() keeps doing until the last row ends. Halving (rather than dropping
+            # each finished row at once) keeps the batch sizes to B, B/2, B/4, ...: few copies of
+            # the cache, and few distinct shapes, which matters on a GPU, where attention kernels
+            # (cuDNN's under bf16) are planned anew for every new shape.
             size = len(rows)
             while shrink_batch and num_alive <= size // 2:
                 size //= 2
             if size < len(rows):
-                keep = done[rows].to(torch.int8).argsort(stable=True)[:size]  # unfinished rows first
+                # unfinished rows first
+                keep = done[rows].to(torch.int8).argsort(stable=True)[:size]
                 cache.batch_select_indices(keep)
                 rows = rows[keep]
-            next_logits = next_token_logits(completion_ids[rows, t : t + 1], attention_mask[rows, : P + steps],
+            next_logits = next_token_logits(completion_ids[rows, t : t + 1],
+                                            attention_mask[rows, : P + steps],
                                             (prompt_lengths[rows] + t)[:, None])
     finally:
         model.train(was_training)
@@ -425,45 +458,55 @@ def sequence_logprobs(
     temperature: float = 1.0,
     chunk_size: int | None = None,
 ) -> torch.Tensor:
-    """Per-token log-probs of the completions in ``input_ids``, shape (B, T) float32, 0 where the mask is 0.
+    """Per-token log-probs of the completions in ``input_ids``, shape (B, T) float32, 0 where the
+    mask is 0.
 
-    ``input_ids`` (B, L) holds prompt then completion (e.g. :attr:`RolloutBatch.input_ids`), ``attention_mask``
-    (B, L) marks real tokens, and ``completion_mask`` (B, T) says which of the *last* ``T`` columns are completion
-    tokens to score. For each of them, with ``z`` the logits at the position before,
+    ``input_ids`` (B, L) holds prompt then completion (e.g. :attr:`RolloutBatch.input_ids`),
+    ``attention_mask`` (B, L) marks real tokens, and ``completion_mask`` (B, T) says which of the
+    *last* ``T`` columns are completion tokens to score. For each of them, with ``z`` the logits at
+    the position before,
 
         log pi(o_t | q, o_<t) = z[o_t] / temperature - logsumexp(z / temperature)
 
-    computed in float32 (bf16 logits lose about two decimal digits, too many for a probability ratio).
+    computed in float32 (bf16 logits lose about two decimal digits, too many for a probability
+    ratio).
 
-    Memory, written for the real case of a 150k-token vocabulary: one forward pass through the transformer body
-    gives hidden states (B, L, H); only the ones that predict a scored token (completion_mask == 1) go through
-    the output layer, ``chunk_size`` tokens at a time, so at most ``chunk_size x V`` float32 logits exist at once.
-    ``None`` picks ``chunk_size = 2**26 // V`` (256 MiB of logits): 441 tokens for Qwen2.5's 151,936-token
-    vocabulary, every token at once for our 62. When gradients are needed each chunk is checkpointed: backward
-    recomputes its logits rather than keeping all of them alive until the loss is done.
+    Memory, written for the real case of a 150k-token vocabulary: one forward pass through the
+    transformer body gives hidden states (B, L, H); only the ones that predict a scored token
+    (completion_mask == 1) go through the output layer, ``chunk_size`` tokens at a time, so at most
+    ``chunk_size x V`` float32 logits exist at once. ``None`` picks ``chunk_size = 2**26 // V`` (256
+    MiB of logits): 441 tokens for Qwen2.5's 151,936-token vocabulary, every token at once for our
+    62. When gradients are needed each chunk is checkpointed: backward recomputes its logits rather
+        than keeping all of them alive until the loss is done.
 
-    Differentiable (use it inside a loss), and cheap under ``torch.no_grad()`` (the reference model). Assumes the
-    logits are ``lm_head(last hidden state)``, true of Llama, Qwen2/2.5/3, Mistral; models that soft-cap or scale
-    their logits (Gemma 2, Cohere) are refused.
+    Differentiable (use it inside a loss), and cheap under ``torch.no_grad()`` (the reference
+    model). Assumes the logits are ``lm_head(last hidden state)``, true of Llama, Qwen2/2.5/3,
+    Mistral; models that soft-cap or scale their logits (Gemma 2, Cohere) are refused.
     """
     _check_logprob_args(input_ids, attention_mask, completion_mask, temperature, chunk_size)
-    if getattr(model.config, "final_logit_softcapping", None) or getattr(model.config, "logit_scale", None):
-        raise NotImplementedError("sequence_logprobs assumes logits = lm_head(hidden); this model rescales them")
+    if (getattr(model.config, "final_logit_softcapping", None)
+            or getattr(model.config, "logit_scale", None)):
+        raise NotImplementedError("sequence_logprobs assumes logits = lm_head(hidden); "
+                                  "this model rescales them")
     (B, L), T = input_ids.shape, completion_mask.shape[1]
     body, head = model.base_model, model.get_output_embeddings()
 
-    position_ids = position_ids_from_mask(attention_mask)  # as during sampling: padding does not count
-    if lean.supports(model):  # the same function, without padding and without the HF modules' per-call overhead
-        wanted = torch.zeros_like(attention_mask, dtype=torch.bool)  # the positions that predict a scored token
+    # as during sampling: padding does not count
+    position_ids = position_ids_from_mask(attention_mask)
+    # the same function, without padding and without the HF modules' per-call overhead
+    if lean.supports(model):
+        # the positions that predict a scored token
+        wanted = torch.zeros_like(attention_mask, dtype=torch.bool)
         wanted[:, L - T - 1 : L - 1] = completion_mask.bool()
-        # Rows that share their prompt (a group's G completions) run it once: shared_prefix = the prompt columns.
+        # Rows that share their prompt (a group's G completions) run it once: shared_prefix = the
+        # prompt columns.
         hidden = lean.hidden_states(model, input_ids, attention_mask, position_ids, wanted=wanted,
                                     shared_prefix=L - T)  # (B, L, H)
     else:
         hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                       use_cache=False).last_hidden_state  # (B, L, H)
-    # The hidden state at column j predicts the token at column j + 1: the completion's T tokens (columns
-    # L-T .. L-1) are predicted from columns L-T-1 .. L-2.
+    # The hidden state at column j predicts the token at column j + 1: the completion's T tokens
+    # (columns L-T .. L-1) are predicted from columns L-T-1 .. L-2.
     hidden = hidden[:, L - T - 1 : L - 1]  # (B, T, H)
     targets = input_ids[:, L - T :]  # (B, T)
     scored = completion_mask.bool()
@@ -479,16 +522,20 @@ def sequence_logprobs(
             pieces.append(_token_logprobs(head, h, y, temperature))
     values = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
     # Scatter back into (B, T); masked_scatter is differentiable with respect to `values`.
-    return torch.zeros((B, T), dtype=torch.float32, device=input_ids.device).masked_scatter(scored, values)
+    return torch.zeros((B, T), dtype=torch.float32,
+                       device=input_ids.device).masked_scatter(scored, values)
 
 
 _LOGITS_PER_CHUNK = 2**26  # float32 logits per chunk in sequence_logprobs by default: 256 MiB
 
 
-def _token_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float):
-    """(n, H) hidden states, (n,) targets -> (n,) float32 ``log softmax(head(hidden) / temperature)[targets]``."""
+def _token_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                    temperature: float):
+    """(n, H) hidden states, (n,) targets -> (n,) float32
+    ``log softmax(head(hidden) / temperature)[targets]``."""
     logits = head(hidden).float() / temperature  # (n, V) float32
-    # gather - logsumexp gives the same number as log_softmax(...).gather(...) without a second (n, V) tensor.
+    # gather - logsumexp gives the same number as log_softmax(...).gather(...) without a second
+    # (n, V) tensor.
     return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
 
 

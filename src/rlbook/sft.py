@@ -27,8 +27,10 @@ from rlbook.rollout import encode_completions, generate_rollouts, sequence_logpr
 from rlbook.tasks import Task
 
 
-def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
-    """Token-averaged NLL of the completion tokens; ``input_ids`` (B, L), ``completion_mask`` (B, T)."""
+def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+             completion_mask: torch.Tensor) -> torch.Tensor:
+    """Token-averaged NLL of the completion tokens; ``input_ids`` (B, L), ``completion_mask`` (B,
+    T)."""
     logprobs = sequence_logprobs(model, input_ids, attention_mask, completion_mask)
     return -(logprobs * completion_mask).sum() / completion_mask.sum().clamp(min=1)
 

@@ -64,8 +64,9 @@ class Trainer:
     metrics of every step are kept in ``history``; :data:`rlbook.metrics.METRICS` explains each key.
     """
 
-    def __init__(self, policy, tokenizer, task: Task, config: RLConfig, *, value_model=None, reward_fn=None,
-                 callbacks: list[TrainerCallback] | tuple = (), log_file: str | Path | None = None):
+    def __init__(self, policy, tokenizer, task: Task, config: RLConfig, *, value_model=None,
+                 reward_fn=None, callbacks: list[TrainerCallback] | tuple = (),
+                 log_file: str | Path | None = None):
         self.policy, self.tokenizer, self.task, self.config = policy, tokenizer, task, config
         self.device = next(policy.parameters()).device
         self.reward_fn = reward_fn or task.rewards
@@ -73,19 +74,26 @@ class Trainer:
         if config.needs_value_model and value_model is None:
             value_model = build_value_model(policy, init=config.value_init, seed=config.seed)
         self.value_model = value_model if config.needs_value_model else None
-        params = list(policy.parameters()) + (list(self.value_model.parameters()) if self.value_model else [])
-        self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
-        self.response_weight_lambda = None  # λ-GRPO's learnable λ: its own parameter group, outside the clipping
+        params = list(policy.parameters()) + (list(self.value_model.parameters())
+                                              if self.value_model else [])
+        self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate,
+                                           weight_decay=config.weight_decay)
+        # λ-GRPO's learnable λ: its own parameter group, outside the clipping
+        self.response_weight_lambda = None
         if config.lambda_grpo:
-            self.response_weight_lambda = torch.nn.Parameter(torch.tensor(config.lambda_grpo_init, device=self.device))
-            self.optimizer.add_param_group({"params": [self.response_weight_lambda], "weight_decay": 0.0,
-                                            "lr": config.lambda_grpo_learning_rate, "name": "lambda"})
+            self.response_weight_lambda = torch.nn.Parameter(
+                torch.tensor(config.lambda_grpo_init, device=self.device))
+            self.optimizer.add_param_group({"params": [self.response_weight_lambda],
+                                            "weight_decay": 0.0,
+                                            "lr": config.lambda_grpo_learning_rate,
+                                            "name": "lambda"})
         self.kl_coef = config.beta  # moves when adaptive_kl_target is set
         self.callbacks = list(callbacks) + ([MetricsLogger(log_file)] if log_file else [])
         self.value_pretrain_history: list[dict] = []
         self.step = 0
         self.history: list[dict] = []
-        self._held_out = task.sample(config.eval_size, seed=np.random.default_rng([config.seed, 10**6]), split="test")
+        self._held_out = task.sample(config.eval_size,
+                                     seed=np.random.default_rng([config.seed, 10**6]), split="test")
 
     # --- the loop -------------------------------------------------------------------------------------------
 
@@ -225,27 +233,33 @@ class Trainer:
 
     @torch.no_grad()
     def score(self, rollout: Rollout) -> ScoredRollout:
-        """Old log-probs (and the reference's and the critic's), the rewards after shaping, the task's verdict,
-        and the advantages of ``ESTIMATORS[config.advantage_estimator]``."""
+        """Old log-probs (and the reference's and the critic's), the rewards after shaping, the
+        task's verdict, and the advantages of ``ESTIMATORS[config.advantage_estimator]``."""
         config, batch = self.config, rollout.batch
         mask = batch.completion_mask.float()
         input_ids, attention_mask = batch.input_ids, batch.attention_mask
         metrics = {}
-        # The task's rule decides what is correct, also when a reward model gives the reward (the gold metric).
+        # The task's rule decides what is correct, also when a reward model gives the reward (the
+        # gold metric).
         gold = rollout.rewards if self.reward_fn == self.task.rewards else \
             self._rewards(rollout.examples, rollout.completions, batch, self.task.rewards)
         rewards = rollout.rewards
-        if config.overlong_buffer_length is not None:  # DAPO's soft overlong punishment, added to the reward
-            rewards = rewards + soft_overlong_penalty(batch.lengths.cpu().numpy(), config.max_completion_length,
+        # DAPO's soft overlong punishment, added to the reward
+        if config.overlong_buffer_length is not None:
+            rewards = rewards + soft_overlong_penalty(batch.lengths.cpu().numpy(),
+                                                      config.max_completion_length,
                                                       config.overlong_buffer_length)
         scores = torch.as_tensor(rewards, dtype=torch.float32, device=self.device)
-        # Overlong filtering (DAPO): a completion cut off at the budget gets no loss; its reward still counts in its
-        # group's mean and std.
-        loss_mask = mask * (~batch.truncated)[:, None] if config.mask_truncated_completions else mask
+        # Overlong filtering (DAPO): a completion cut off at the budget gets no loss; its reward
+        # still counts in its group's mean and std.
+        loss_mask = (mask * (~batch.truncated)[:, None] if config.mask_truncated_completions
+                     else mask)
         with autocast(self.device):
-            # The sampler's log-probs are the behaviour policy's; with several updates per rollout we recompute
-            # them with the training forward pass, so that the first ratio is exactly 1 (as TRL does).
-            if config.num_iterations > 1 or config.steps_per_generation > config.gradient_accumulation_steps:
+            # The sampler's log-probs are the behaviour policy's; with several updates per rollout
+            # we recompute them with the training forward pass, so that the first ratio is exactly 1
+            # (as TRL does).
+            if (config.num_iterations > 1
+                    or config.steps_per_generation > config.gradient_accumulation_steps):
                 old_logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask,
                                              temperature=config.temperature)
             else:
@@ -256,34 +270,41 @@ class Trainer:
                                              temperature=config.temperature)
                 k1 = kl_estimate(old_logp, ref_logp, "k1") * mask
                 metrics["objective/kl_per_token"] = masked_mean(k1, mask).item()
-                metrics["objective/kl"] = k1.sum(-1).mean().item()  # per completion: what the controller aims at
-            old_values = token_values(self.value_model, input_ids, attention_mask, mask) if self.value_model else None
+                # per completion: what the controller aims at
+                metrics["objective/kl"] = k1.sum(-1).mean().item()
+            old_values = (token_values(self.value_model, input_ids, attention_mask, mask)
+                          if self.value_model else None)
 
-        # Where the KL penalty goes: into the per-token reward (PPO-RLHF: -beta k1 at every token), or into the
-        # loss (GRPO: + beta k3 per token, in policy_loss).
+        # Where the KL penalty goes: into the per-token reward (PPO-RLHF: -beta k1 at every token),
+        # or into the loss (GRPO: + beta k3 per token, in policy_loss).
         reward_kl_coef = self.kl_coef if config.kl_placement == "reward" else 0.0
-        token_rewards = rlhf_token_rewards(scores, old_logp, old_logp if ref_logp is None else ref_logp, mask,
+        token_rewards = rlhf_token_rewards(scores, old_logp,
+                                           old_logp if ref_logp is None else ref_logp, mask,
                                            reward_kl_coef)
         sequence_rewards = token_rewards.sum(-1) if reward_kl_coef else scores
         estimate = ESTIMATORS[config.advantage_estimator](
-            AdvantageInputs(sequence_rewards, token_rewards, mask, batch.lengths, config.num_generations, old_values),
+            AdvantageInputs(sequence_rewards, token_rewards, mask, batch.lengths,
+                            config.num_generations, old_values),
             config)
         if estimate.returns is not None:
             variance_explained = explained_variance(old_values, estimate.returns, mask)
-            metrics.update({} if variance_explained is None else {"explained_variance": variance_explained})
-        if estimate.keep is not None:  # the completions the estimator filtered out are not trained on (GFPO)
+            metrics.update({} if variance_explained is None
+                           else {"explained_variance": variance_explained})
+        # the completions the estimator filtered out are not trained on (GFPO)
+        if estimate.keep is not None:
             loss_mask = loss_mask * estimate.keep[:, None]
         metrics.update(estimate.metrics)
         correct = torch.as_tensor(gold == self.task.correct_reward, device=self.device)
-        return ScoredRollout(rollout, input_ids, attention_mask, mask, loss_mask, mask.sum(-1), rewards, correct,
-                             old_logp, estimate.advantages, ref_logp, old_values, estimate.returns, metrics)
+        return ScoredRollout(rollout, input_ids, attention_mask, mask, loss_mask, mask.sum(-1),
+                             rewards, correct, old_logp, estimate.advantages, ref_logp, old_values,
+                             estimate.returns, metrics)
 
     # --- the update -----------------------------------------------------------------------------------------
 
     def update(self, scored: ScoredRollout, value_only: bool = False) -> dict:
-        """``num_iterations`` passes over the rollout in shuffled minibatches, one optimizer step per
-        ``gradient_accumulation_steps`` micro-batches; stops early once ``approx_kl`` passes 1.5 · ``early_stop_kl``
-        (Spinning Up's rule)."""
+        """``num_iterations`` passes over the rollout in shuffled minibatches, one optimizer step
+        per ``gradient_accumulation_steps`` micro-batches; stops early once ``approx_kl`` passes 1.5
+        · ``early_stop_kl`` (Spinning Up's rule)."""
         config = self.config
         B = scored.mask.shape[0]
         micro, accumulate = config.per_device_train_batch_size, config.gradient_accumulation_steps
@@ -297,7 +318,8 @@ class Trainer:
             order = torch.randperm(B, generator=generator).to(self.device)
             for start in range(0, B, micro * accumulate):
                 rows_of_step = order[start : start + micro * accumulate]
-                tokens_of_step = scored.loss_mask[rows_of_step].sum()  # the "dapo" loss's num_items_in_batch
+                # the "dapo" loss's num_items_in_batch
+                tokens_of_step = scored.loss_mask[rows_of_step].sum()
                 self.optimizer.zero_grad(set_to_none=True)
                 step_kl = []
                 for micro_start in range(0, len(rows_of_step), micro):
@@ -306,14 +328,16 @@ class Trainer:
                     for key, value in metrics.items():
                         sums.setdefault(key, []).append(value)
                     step_kl += [metrics["approx_kl"]] if "approx_kl" in metrics else []
-                params = [p for group in self.optimizer.param_groups if group.get("name") != "lambda"
+                params = [p for group in self.optimizer.param_groups
+                          if group.get("name") != "lambda"
                           for p in group["params"] if p.grad is not None]
                 if params:
                     grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
                     sums.setdefault("grad_norm", []).append(grad_norm.item())
                     self.optimizer.step()
                     optimizer_steps += 1
-                if config.early_stop_kl is not None and step_kl and np.mean(step_kl) > 1.5 * config.early_stop_kl:
+                if (config.early_stop_kl is not None and step_kl
+                        and np.mean(step_kl) > 1.5 * config.early_stop_kl):
                     stopped = True  # the policy has moved far enough from the one that sampled
                     break
             if stopped:
@@ -329,38 +353,48 @@ class Trainer:
             reduced["early_stopped"] = float(stopped)
         return reduced
 
-    def _micro_batch_backward(self, scored: ScoredRollout, rows, tokens_of_step, value_only=False) -> dict:
-        """The loss of one micro-batch (policy loss, VAPO's NLL, the value loss), backpropagated; its metrics."""
+    def _micro_batch_backward(self, scored: ScoredRollout, rows, tokens_of_step,
+                              value_only=False) -> dict:
+        """The loss of one micro-batch (policy loss, VAPO's NLL, the value loss), backpropagated;
+        its metrics."""
         config, accumulate = self.config, self.config.gradient_accumulation_steps
-        if self.value_model is None:  # rows without a loss token (GFPO's filtered-out, DAPO's overlong) add nothing
+        # rows without a loss token (GFPO's filtered-out, DAPO's overlong) add nothing
+        if self.value_model is None:
             rows = rows[scored.loss_mask[rows].any(-1)]
         mask, loss_mask = scored.mask[rows], scored.loss_mask[rows]
         input_ids, attention_mask = scored.input_ids[rows], scored.attention_mask[rows]
         metrics, loss = {}, torch.zeros((), device=self.device)
         with autocast(self.device):
-            if not value_only and bool(loss_mask.any()):  # else every completion here was filtered out
-                logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask, temperature=config.temperature)
+            # no policy loss when every completion here was filtered out
+            if not value_only and bool(loss_mask.any()):
+                logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask,
+                                         temperature=config.temperature)
                 kl_in_loss = self.kl_coef if config.kl_placement == "loss" else 0.0
                 weights = None
-                if self.response_weight_lambda is not None:  # λ-GRPO: the weights of whole groups, then these rows'
-                    weights = lambda_grpo_weights(scored.lengths, config.num_generations, self.response_weight_lambda,
+                # λ-GRPO: the weights of whole groups, then these rows'
+                if self.response_weight_lambda is not None:
+                    weights = lambda_grpo_weights(scored.lengths, config.num_generations,
+                                                  self.response_weight_lambda,
                                                   config.lambda_grpo_r)[rows]
                 loss, metrics = policy_loss(
                     logp, scored.old_logp[rows], scored.advantages[rows], loss_mask,
-                    epsilon=config.epsilon, epsilon_high=config.epsilon_high, loss_type=config.loss_type,
-                    max_completion_length=config.max_completion_length, num_items_in_batch=tokens_of_step,
-                    gradient_accumulation_steps=accumulate, beta=kl_in_loss,
-                    ref_logp=scored.ref_logp[rows] if kl_in_loss else None,
-                    importance_sampling_level=config.importance_sampling_level, response_weights=weights,
+                    epsilon=config.epsilon, epsilon_high=config.epsilon_high,
+                    loss_type=config.loss_type, max_completion_length=config.max_completion_length,
+                    num_items_in_batch=tokens_of_step, gradient_accumulation_steps=accumulate,
+                    beta=kl_in_loss, ref_logp=scored.ref_logp[rows] if kl_in_loss else None,
+                    importance_sampling_level=config.importance_sampling_level,
+                    response_weights=weights,
                 )
                 metrics["loss/policy"] = loss.item()
-                nll = positive_example_nll(logp, loss_mask, scored.correct[rows]) if config.nll_coef > 0 else None
+                nll = (positive_example_nll(logp, loss_mask, scored.correct[rows])
+                       if config.nll_coef > 0 else None)
                 if nll is not None:  # VAPO: imitate the correct completions too
                     loss = loss + config.nll_coef * nll / accumulate
                     metrics["loss/nll"] = nll.item()
             if self.value_model is not None:
                 values = token_values(self.value_model, input_ids, attention_mask, mask)
-                v_loss = value_loss(values, scored.old_values[rows], scored.returns[rows], mask, config.cliprange_value)
+                v_loss = value_loss(values, scored.old_values[rows], scored.returns[rows], mask,
+                                    config.cliprange_value)
                 loss = loss + config.vf_coef * v_loss / accumulate
                 metrics["loss/value"] = v_loss.item()
         if loss.requires_grad:
@@ -368,13 +402,17 @@ class Trainer:
         return metrics
 
     def pretrain_value(self, steps: int) -> list[dict]:
-        """VAPO's value pretraining: ``steps`` rounds of sampling from the (frozen) current policy and fitting
-        only the value model, so that the first advantages do not come from an untrained critic."""
+        """VAPO's value pretraining: ``steps`` rounds of sampling from the (frozen) current policy
+        and fitting only the value model, so that the first advantages do not come from an untrained
+        critic."""
         if self.value_model is None:
-            raise ValueError("pretrain_value needs a value model (an advantage estimator that reads one: gae, vapo)")
+            raise ValueError("pretrain_value needs a value model (an advantage estimator that "
+                             "reads one: gae, vapo)")
         for k in range(steps):
-            scored = self.score(self.sample_rollout(10**6 + k))  # its own seed stream, apart from training steps'
-            self.value_pretrain_history.append({"step": k + 1, **scored.metrics, **self.update(scored, True)})
+            # its own seed stream, apart from training steps'
+            scored = self.score(self.sample_rollout(10**6 + k))
+            self.value_pretrain_history.append({"step": k + 1, **scored.metrics,
+                                                **self.update(scored, True)})
         return self.value_pretrain_history
 
     # --- saving and resuming --------------------------------------------------------------------------------

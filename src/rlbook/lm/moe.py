@@ -36,23 +36,26 @@ def is_moe(model) -> bool:
 
 @torch.no_grad()
 def expert_choices(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The experts every token is routed to: a (layers, B, L, k) long tensor, each token's k indices sorted.
+    """The experts every token is routed to: a (layers, B, L, k) long tensor, each token's k indices
+    sorted.
 
     ``input_ids`` and ``attention_mask`` are (B, L), prompt and completion together (as in
-    :func:`rlbook.rollout.sequence_logprobs`); padded positions get indices too, mask them out yourself.
-    Raises ``ValueError`` for a model without routed layers."""
+    :func:`rlbook.rollout.sequence_logprobs`); padded positions get indices too, mask them out
+    yourself. Raises ``ValueError`` for a model without routed layers."""
     gates = routers(model)
     if not gates:
-        raise ValueError(f"{type(model).__name__} has no mixture-of-experts router: expert_choices needs a MoE "
-                         "model such as build_model('tiny', arch='qwen3_moe')")
+        raise ValueError(f"{type(model).__name__} has no mixture-of-experts router: expert_choices "
+                         "needs a MoE model such as build_model('tiny', arch='qwen3_moe')")
     if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
-        raise ValueError(f"input_ids and attention_mask must both be (B, L), got {tuple(input_ids.shape)} and "
-                         f"{tuple(attention_mask.shape)}")
+        raise ValueError(f"input_ids and attention_mask must both be (B, L), got "
+                         f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}")
     recorded: list[torch.Tensor] = []
-    hooks = [gate.register_forward_hook(lambda module, args, output: recorded.append(output[2])) for gate in gates]
+    hooks = [gate.register_forward_hook(lambda module, args, output: recorded.append(output[2]))
+             for gate in gates]
     try:
         position_ids = position_ids_from_mask(attention_mask)  # left padding, as in rollout
-        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+              use_cache=False)
     finally:
         for hook in hooks:
             hook.remove()

@@ -144,12 +144,14 @@ class FiniteMDP:
 
     @classmethod
     def from_gymnasium(cls, env, gamma: float = 0.99) -> FiniteMDP:
-        """Build the exact model of a gymnasium toy-text environment (FrozenLake, CliffWalking, Taxi).
+        """Build the exact model of a gymnasium toy-text environment (FrozenLake, CliffWalking,
+        Taxi).
 
         Toy-text environments expose their dynamics as ``env.unwrapped.P[s][a]``, a list of
         ``(probability, next_state, reward, terminated)`` tuples; this turns them into dense arrays.
-        ``terminated`` belongs to a transition: it becomes ``terminates[s, a, s']``, and a state is also marked
-        ``terminal`` when every transition into it ends the episode (FrozenLake's holes, CliffWalking's goal).
+        ``terminated`` belongs to a transition: it becomes ``terminates[s, a, s']``, and a state is
+        also marked ``terminal`` when every transition into it ends the episode (FrozenLake's holes,
+        CliffWalking's goal).
         """
         unwrapped = getattr(env, "unwrapped", env)
         table = getattr(unwrapped, "P", None)
@@ -162,13 +164,14 @@ class FiniteMDP:
         num_actions = int(unwrapped.action_space.n)
         P = np.zeros((num_states, num_actions, num_states))
         R = np.zeros((num_states, num_actions, num_states))
-        ends = np.zeros(P.shape, dtype=int)  # +1: the transition ends the episode, -1: it goes on, 0: unseen
+        # +1: the transition ends the episode, -1: it goes on, 0: unseen
+        ends = np.zeros(P.shape, dtype=int)
         for s, row in table.items():
             for a, outcomes in row.items():
                 for prob, s_next, reward, terminated in outcomes:
                     s_next = int(s_next)
-                    # Several outcomes may share a next state (FrozenLake at a wall): accumulate, and keep
-                    # the probability-weighted reward so that the expected reward is exact.
+                    # Several outcomes may share a next state (FrozenLake at a wall): accumulate,
+                    # and keep the probability-weighted reward so that the expected reward is exact.
                     R[s, a, s_next] = (R[s, a, s_next] * P[s, a, s_next] + prob * reward) / max(
                         P[s, a, s_next] + prob, 1e-300
                     )
@@ -176,7 +179,8 @@ class FiniteMDP:
                     if prob > 0:
                         flag = 1 if terminated else -1
                         if ends[s, a, s_next] == -flag:
-                            raise ValueError(f"the move {s} -{a}-> {s_next} both ends the episode and goes on")
+                            raise ValueError(f"the move {s} -{a}-> {s_next} both ends the episode "
+                                             "and goes on")
                         ends[s, a, s_next] = flag
         entered_ending, entered_going = (ends == 1).any(axis=(0, 1)), (ends == -1).any(axis=(0, 1))
         initial = getattr(unwrapped, "initial_state_distrib", None)

@@ -37,7 +37,8 @@ def as_policy_matrix(mdp: FiniteMDP, policy) -> np.ndarray:
 
 
 def q_from_v(mdp: FiniteMDP, V: np.ndarray) -> np.ndarray:
-    """One-step look-ahead, shape ``(S, A)``: ``Q(s,a) = sum_s' P(s'|s,a) [R(s,a,s') + gamma V(s')]``.
+    """One-step look-ahead, shape ``(S, A)``: ``Q(s,a) = sum_s' P(s'|s,a) [R(s,a,s') + gamma
+    V(s')]``.
 
     The bootstrap term is dropped for terminal ``s'`` (the episode ends there).
     """
@@ -54,7 +55,8 @@ def bellman_expectation_operator(mdp: FiniteMDP, V: np.ndarray, policy) -> np.nd
 
 
 def bellman_optimality_operator(mdp: FiniteMDP, V: np.ndarray) -> np.ndarray:
-    """``(T* V)(s) = max_a sum_s' P(s'|s,a) [R(s,a,s') + gamma V(s')]`` (Bellman optimality equation)."""
+    """``(T* V)(s) = max_a sum_s' P(s'|s,a) [R(s,a,s') + gamma V(s')]`` (Bellman optimality
+    equation)."""
     return q_from_v(mdp, V).max(axis=1)
 
 
@@ -70,9 +72,10 @@ def greedy_policy(Q: np.ndarray, atol: float = TIE_ATOL) -> np.ndarray:
 def policy_evaluation(mdp: FiniteMDP, policy) -> np.ndarray:
     """Exact ``V^pi`` by one linear solve: ``V = (I - gamma P_pi)^{-1} r_pi``.
 
-    ``P_pi[s, s'] = sum_a pi(a|s) continuation[s, a, s']`` (the probability of going on to ``s'``) and
-    ``r_pi[s] = sum_a pi(a|s) r(s, a)``. Raises if the system is singular, which happens when ``gamma = 1`` and
-    the policy, from some states, never ends the episode; the error lists such states.
+    ``P_pi[s, s'] = sum_a pi(a|s) continuation[s, a, s']`` (the probability of going on to ``s'``)
+    and ``r_pi[s] = sum_a pi(a|s) r(s, a)``. Raises if the system is singular, which happens when
+    ``gamma = 1`` and the policy, from some states, never ends the episode; the error lists such
+    states.
     """
     pi = as_policy_matrix(mdp, policy)
     P_pi = np.einsum("sa,sat->st", pi, mdp.continuation)
@@ -138,7 +141,8 @@ def value_iteration(
 ) -> ValueIterationResult:
     """Iterate ``V_{k+1} = T* V_k`` until ``||V_{k+1} - V_k||_inf <= tol``.
 
-    For ``gamma < 1`` the operator is a gamma-contraction in the max-norm, so ``||V_k - V*|| <= gamma^k ||V_0 - V*||``.
+    For ``gamma < 1`` the operator is a gamma-contraction in the max-norm, so ``||V_k - V*|| <=
+    gamma^k ||V_0 - V*||``.
     """
     if not tol > 0:
         raise ValueError(f"tol must be positive, got {tol}")
@@ -153,14 +157,16 @@ def value_iteration(
             Q = q_from_v(mdp, V_next)
             return ValueIterationResult(V_next, Q, greedy_policy(Q), np.array(history))
         V = V_next
-    raise RuntimeError(f"value iteration did not converge to tol={tol} in {max_iterations} iterations")
+    raise RuntimeError(f"value iteration did not converge to tol={tol} in {max_iterations} "
+                       "iterations")
 
 
-def policy_iteration(mdp: FiniteMDP, policy=None, max_iterations: int = 1_000) -> tuple[np.ndarray, np.ndarray, int]:
+def policy_iteration(mdp: FiniteMDP, policy=None,
+                     max_iterations: int = 1_000) -> tuple[np.ndarray, np.ndarray, int]:
     """Alternate exact evaluation and greedy improvement until the policy is stable.
 
-    Returns ``(V, policy, iterations)``. The initial policy defaults to action 0 everywhere; with ``gamma = 1``
-    pass one that terminates (a proper policy), or evaluation is singular.
+    Returns ``(V, policy, iterations)``. The initial policy defaults to action 0 everywhere; with
+    ``gamma = 1`` pass one that terminates (a proper policy), or evaluation is singular.
     """
     policy = np.zeros(mdp.num_states, dtype=int) if policy is None else np.asarray(policy)
     if policy.shape != (mdp.num_states,) or not np.issubdtype(policy.dtype, np.integer):

@@ -23,14 +23,14 @@ from rlbook.tabular.mdp import _check_index, check_gamma
 def epsilon_greedy_probs(q_values, epsilon: float, atol: float = TIE_ATOL) -> np.ndarray:
     """Action probabilities of the epsilon-greedy policy, shape ``(..., A)`` like ``q_values``.
 
-    With probability ``1 - epsilon`` take a greedy action, with probability ``epsilon`` an action drawn
-    uniformly from *all* ``A`` actions (the greedy one included):
+    With probability ``1 - epsilon`` take a greedy action, with probability ``epsilon`` an action
+    drawn uniformly from *all* ``A`` actions (the greedy one included):
 
         pi(a|s) = (1 - epsilon) * 1[a greedy] / (number of greedy actions) + epsilon / A.
 
-    Tied greedy actions (within ``atol``, the package's tie rule in :mod:`rlbook.tabular.greedy`) share the greedy
-    mass equally. Example (erratum E6): ``epsilon = 0.1`` and ``Q = [0.2, 0.9, 0.5]`` give
-    ``[0.0333, 0.9333, 0.0333]``, not ``[0.05, 0.9, 0.05]``.
+    Tied greedy actions (within ``atol``, the package's tie rule in :mod:`rlbook.tabular.greedy`)
+    share the greedy mass equally. Example (erratum E6): ``epsilon = 0.1`` and ``Q = [0.2, 0.9,
+    0.5]`` give ``[0.0333, 0.9333, 0.0333]``, not ``[0.05, 0.9, 0.05]``.
     """
     is_greedy = greedy_mask(q_values, atol)  # raises on NaN or an empty action axis
     epsilon = float(epsilon)
@@ -61,10 +61,11 @@ def _check_td_args(Q, s, a, r, s_next, alpha, gamma) -> tuple[int, int, int, flo
     return s, a, s_next, alpha, check_gamma(gamma)
 
 
-def q_learning_update(Q: np.ndarray, s, a, r, s_next, alpha, gamma, terminated: bool = False) -> float:
+def q_learning_update(Q: np.ndarray, s, a, r, s_next, alpha, gamma,
+                      terminated: bool = False) -> float:
     """One Q-learning update, in place; returns the new ``Q[s, a]``.
 
-        Q(s,a) <- Q(s,a) + alpha [ r + gamma max_a' Q(s',a') - Q(s,a) ]        (eq. q-learning-update)
+        Q(s,a) <- Q(s,a) + alpha [ r + gamma max_a' Q(s',a') - Q(s,a) ]   (eq. q-learning-update)
 
     When ``terminated`` is true, ``s'`` ends the episode and the target is just ``r``.
     Worked example 1 of the study note: ``Q(s,a)=0.5``, ``r=1``, ``max Q(s',.)=0.8``, ``alpha=0.1``,
@@ -75,10 +76,13 @@ def q_learning_update(Q: np.ndarray, s, a, r, s_next, alpha, gamma, terminated: 
     return _td_step(Q, s, a, target, alpha)
 
 
-def sarsa_update(Q: np.ndarray, s, a, r, s_next, a_next, alpha, gamma, terminated: bool = False) -> float:
+def sarsa_update(Q: np.ndarray, s, a, r, s_next, a_next, alpha, gamma,
+                 terminated: bool = False) -> float:
     """One SARSA update, in place; returns the new ``Q[s, a]``.
 
-        Q(s,a) <- Q(s,a) + alpha [ r + gamma Q(s',a') - Q(s,a) ]      with a' the next action actually taken.
+        Q(s,a) <- Q(s,a) + alpha [ r + gamma Q(s',a') - Q(s,a) ]
+
+    with a' the next action actually taken.
     """
     s, a, s_next, alpha, gamma = _check_td_args(Q, s, a, r, s_next, alpha, gamma)
     a_next = _check_index(a_next, Q.shape[1], "action")
@@ -137,7 +141,8 @@ def _td_control(
     check_gamma(gamma)
     num_states, num_actions = int(env.observation_space.n), int(env.action_space.n)
     if q_star is not None and np.shape(q_star) != (num_states, num_actions):
-        raise ValueError(f"q_star must have shape {(num_states, num_actions)}, got {np.shape(q_star)}")
+        raise ValueError(f"q_star must have shape {(num_states, num_actions)}, "
+                         f"got {np.shape(q_star)}")
     step_size = alpha if callable(alpha) else (lambda n: alpha)
     rng = np.random.default_rng(seed)
     Q = np.zeros((num_states, num_actions))

@@ -95,7 +95,8 @@ class Arithmetic(Task):
         return prompt
 
     def check_answer(self, example: Example, text: str) -> bool:
-        """Exact match of the stripped text with the canonical answer (no leading zeros, no ``+``)."""
+        """Exact match of the stripped text with the canonical answer (no leading zeros, no
+        ``+``)."""
         return text.strip(" ") == example.answer
 
     def near_miss(self, example: Example, rng: np.random.Generator) -> str:

@@ -230,7 +230,8 @@ class Task:
         return 1.0 if self.is_correct(example, completion, truncated) else 0.0
 
     def reward(self, example: Example, completion: str, truncated: bool = False) -> float:
-        """The scalar reward of one completion: ``correct_reward`` if correct, else ``incorrect_reward``.
+        """The scalar reward of one completion: ``correct_reward`` if correct, else
+        ``incorrect_reward``.
 
         With partial credit, ``incorrect_reward + score * (correct_reward - incorrect_reward)``.
         """

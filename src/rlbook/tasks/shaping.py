@@ -22,13 +22,14 @@ def soft_overlong_penalty(lengths, max_length: int, cache_length: int) -> np.nda
     """DAPO's soft overlong punishment per response, in [-1, 0].
 
     Args:
-        lengths: response lengths ``|y|`` (tokens; characters for the char-level LMs), shape ``(B,)``.
+        lengths: response lengths ``|y|`` (tokens; characters for the char-level LMs), shape
+        ``(B,)``.
         max_length: ``L_max``, the hard generation budget.
         cache_length: ``L_cache``, the width of the linear ramp, ``1 <= L_cache <= L_max``.
 
     Returns:
-        float64 array of shape ``(B,)``: 0 up to ``L_max - L_cache``, then a linear ramp to -1 at ``L_max``,
-        and -1 beyond it.
+        float64 array of shape ``(B,)``: 0 up to ``L_max - L_cache``, then a linear ramp to -1 at
+        ``L_max``, and -1 beyond it.
     """
     max_length = check_int(max_length, "max_length", minimum=1)
     cache_length = check_int(cache_length, "cache_length", minimum=1)
