@@ -90,8 +90,8 @@ def gae(
     """Generalised advantage estimation over right-padded rows: ``(advantages, returns)``, each
     (B, T).
 
-        δ_t = r_t + γ V_{t+1} − V_t      (V = 0 after a row's last real token: the episode ends
-        there) A_t = δ_t + γλ A_{t+1} = Σ_k (γλ)^k δ_{t+k}
+        δ_t = r_t + γ V_{t+1} − V_t   (V = 0 after a row's last real token: the episode ends there)
+        A_t = δ_t + γλ A_{t+1} = Σ_k (γλ)^k δ_{t+k}
         returns = A + V                 (the value model's regression target)
 
     ``lam`` is a float or a per-row tensor (B,) (VAPO's length-adaptive λ). Both outputs are 0 on
@@ -263,8 +263,9 @@ def lambda_grpo_softmax(
 
     Within a group of completion lengths |o_1|, …, |o_G| (contiguous groups of ``num_generations``):
 
-        z_i = (|o_i| − mean|o|) / (std|o| + eps)    (std unbiased, n − 1, as in
-        :func:`group_advantages`) h_i = max(1 + r · z_i, h_min)
+        z_i = (|o_i| − mean|o|) / (std|o| + eps)   (std unbiased, n − 1, as in
+                                                    :func:`group_advantages`)
+        h_i = max(1 + r · z_i, h_min)
         w_i = softmax_i(h_i^λ) = exp(h_i^λ) / Σ_j exp(h_j^λ)
 
     ``r`` is the paper's name for the lift's slope (the book writes ξ, r being the reward there, and
@@ -346,8 +347,8 @@ def rlhf_token_rewards(
 ) -> torch.Tensor:
     """The per-token reward of PPO for RLHF (InstructGPT, TRL, OpenRLHF), (B, T):
 
-        r_t = −β · k_t(π ‖ π_ref)  at every completion token,  plus the sequence's ``score`` at its
-        last token,
+        r_t = −β · k_t(π ‖ π_ref)  at every completion token,
+              plus the sequence's ``score`` at its last token,
 
     so each row sums to score − β Σ_t k_t and padding gets 0. ``scores`` (B,) come from a reward
     model or a rule; ``kl_kind`` is the per-token estimator (k1 in InstructGPT and by default in
@@ -451,9 +452,9 @@ def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
 def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, epsilon: float,
                       epsilon_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """PPO-Clip's per-token loss (eq-ppo-clip), −min(ρA, clip(ρ, 1 − ε, 1 + ε_high)·A), all (B, T),
-    and where the clip removes the gradient: ``(loss, low, high)`` with ``low`` = ρ < 1 − ε and A <
-    0, ``high`` = ρ > 1 + ε_high and A > 0 (TRL's ``clip_ratio/low`` and ``/high``). ε_high > ε is
-    DAPO's clip-higher."""
+    and where the clip removes the gradient: ``(loss, low, high)`` with ``low`` = ρ < 1 − ε and
+    A < 0, ``high`` = ρ > 1 + ε_high and A > 0 (TRL's ``clip_ratio/low`` and ``/high``).
+    ε_high > ε is DAPO's clip-higher."""
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
     loss = -torch.minimum(ratio * advantages, clipped * advantages)
     low = (ratio < 1 - epsilon) & (advantages < 0)
@@ -468,9 +469,9 @@ def gmpo_surrogate(
     """GMPO's loss per completion (eq-gmpo-objective), (B,), with its clip indicators (B, T).
 
     Per row, Δ_t = log ρ_t is clipped in log space by the sign of the row's advantage A_i (A > 0:
-    min(Δ, clip(Δ, −ε, ε_high)); A ≤ 0: max(Δ, clip(Δ, −ε, ε_high))), and the loss is −A_i · exp(Σ_t
-    m Δ̃_t / |o_i|): the advantage times the *geometric* mean of the clipped token ratios. ε is in
-    log space (0.4 in GMPO)."""
+    min(Δ, clip(Δ, −ε, ε_high)); A ≤ 0: max(Δ, clip(Δ, −ε, ε_high))), and the loss is
+    −A_i · exp(Σ_t m Δ̃_t / |o_i|): the advantage times the *geometric* mean of the clipped token
+    ratios. ε is in log space (0.4 in GMPO)."""
     # constant over a row for the group methods
     row_advantage = masked_mean(advantages, mask, dim=-1)
     positive = (row_advantage > 0)[:, None]
@@ -571,14 +572,14 @@ def policy_loss(
     given:
 
         ℓ_t = −min(ρ_t A_t, clip(ρ_t, 1 − ε, 1 + ε_high) A_t) + β · k3_t(π ‖ π_ref)
-        (:func:`clipped_surrogate`)
+              (:func:`clipped_surrogate`)
 
     ``advantages`` are per token (B, T) (PPO with GAE) or per completion (B,) (the group methods),
     broadcast over tokens. ``response_weights`` (B,) ≥ 0 (λ-GRPO) multiply every token loss of row i
     by f_i; gradients flow into them. :func:`aggregate_loss` then reduces by ``loss_type`` ("grpo",
     "bnpo", "dr_grpo", "dapo"), dividing by ``gradient_accumulation_steps`` where the aggregation is
-    a micro-batch mean. ``loss_type="gmpo"`` replaces the token terms by :func:`gmpo_surrogate` (+ β
-    · the row's mean k3), averaged over rows; not with response weights.
+    a micro-batch mean. ``loss_type="gmpo"`` replaces the token terms by :func:`gmpo_surrogate`
+    (+ β · the row's mean k3), averaged over rows; not with response weights.
 
     The metrics are detached floats over the masked tokens, named as TRL names them:
     ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean`` (the tokens whose
@@ -774,10 +775,11 @@ def dpo_loss(
       sequence log-prob by its completion length, as the IPO paper and TRL do); this function does
       not know the lengths.
 
-    β multiplies the log-ratio margin exactly once (erratum E12). ``chosen_rewards = β·(chosen_logps
-    − ref_chosen_logps)`` and ``rejected_rewards`` likewise are the implicit rewards TRL logs,
-    detached (no gradient flows through them). Raises ValueError on mismatched shapes, non-finite
-    log-probs, β ≤ 0, ε outside [0, 0.5) or an unknown ``loss_type``.
+    β multiplies the log-ratio margin exactly once (erratum E12).
+    ``chosen_rewards = β·(chosen_logps − ref_chosen_logps)`` and ``rejected_rewards`` likewise are
+    the implicit rewards TRL logs, detached (no gradient flows through them). Raises ValueError on
+    mismatched shapes, non-finite log-probs, β ≤ 0, ε outside [0, 0.5) or an unknown
+    ``loss_type``.
     """
     if loss_type not in DPO_LOSS_TYPES:
         raise ValueError(f"unknown DPO loss_type {loss_type!r}; choose one of {DPO_LOSS_TYPES}")

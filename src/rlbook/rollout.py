@@ -277,13 +277,12 @@ def generate_rollouts(
     Sampling: ``token ~ softmax(filter(logits / temperature))`` where ``filter`` keeps the ``top_k``
     most likely tokens and/or the smallest set whose probability reaches ``top_p``; ``greedy=True``
     takes the argmax instead. The recorded ``logprobs`` are ``log_softmax(logits / temperature)`` of
-    the chosen token over the *whole*
-    vocabulary: top-k/top-p truncation is not reflected (as in TRL and verl). The reason: the
-    training side recomputes log-probs with :func:`sequence_logprobs`, which knows nothing of the
-    truncation, and the importance ratio ``pi_theta / pi_old`` must compare like with like (it must
-    be exactly 1 before the first update). The price is that with truncation the samples come from a
-    slightly different distribution than the one whose log-probs we record; at ``top_k=None,
-    top_p=None`` (the RL default) the two agree exactly.
+    the chosen token over the *whole* vocabulary: top-k/top-p truncation is not reflected (as in TRL
+    and verl). The reason: the training side recomputes log-probs with :func:`sequence_logprobs`,
+    which knows nothing of the truncation, and the importance ratio ``pi_theta / pi_old`` must
+    compare like with like (it must be exactly 1 before the first update). The price is that with
+    truncation the samples come from a slightly different distribution than the one whose log-probs
+    we record; at ``top_k=None, top_p=None`` (the RL default) the two agree exactly.
 
     ``seed`` (an int, or a ``torch.Generator`` on ``device``) makes the draw reproducible; ``None``
     uses torch's global random stream. The model is put in eval mode while sampling and restored

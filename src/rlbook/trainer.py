@@ -303,8 +303,8 @@ class Trainer:
 
     def update(self, scored: ScoredRollout, value_only: bool = False) -> dict:
         """``num_iterations`` passes over the rollout in shuffled minibatches, one optimizer step
-        per ``gradient_accumulation_steps`` micro-batches; stops early once ``approx_kl`` passes 1.5
-        · ``early_stop_kl`` (Spinning Up's rule)."""
+        per ``gradient_accumulation_steps`` micro-batches; stops early once ``approx_kl`` passes
+        1.5 · ``early_stop_kl`` (Spinning Up's rule)."""
         config = self.config
         B = scored.mask.shape[0]
         micro, accumulate = config.per_device_train_batch_size, config.gradient_accumulation_steps

@@ -141,8 +141,8 @@ def value_iteration(
 ) -> ValueIterationResult:
     """Iterate ``V_{k+1} = T* V_k`` until ``||V_{k+1} - V_k||_inf <= tol``.
 
-    For ``gamma < 1`` the operator is a gamma-contraction in the max-norm, so ``||V_k - V*|| <=
-    gamma^k ||V_0 - V*||``.
+    For ``gamma < 1`` the operator is a gamma-contraction in the max-norm, so
+    ``||V_k - V*|| <= gamma^k ||V_0 - V*||``.
     """
     if not tol > 0:
         raise ValueError(f"tol must be positive, got {tol}")

@@ -29,8 +29,8 @@ def epsilon_greedy_probs(q_values, epsilon: float, atol: float = TIE_ATOL) -> np
         pi(a|s) = (1 - epsilon) * 1[a greedy] / (number of greedy actions) + epsilon / A.
 
     Tied greedy actions (within ``atol``, the package's tie rule in :mod:`rlbook.tabular.greedy`)
-    share the greedy mass equally. Example (erratum E6): ``epsilon = 0.1`` and ``Q = [0.2, 0.9,
-    0.5]`` give ``[0.0333, 0.9333, 0.0333]``, not ``[0.05, 0.9, 0.05]``.
+    share the greedy mass equally. Example (erratum E6): ``epsilon = 0.1`` and
+    ``Q = [0.2, 0.9, 0.5]`` give ``[0.0333, 0.9333, 0.0333]``, not ``[0.05, 0.9, 0.05]``.
     """
     is_greedy = greedy_mask(q_values, atol)  # raises on NaN or an empty action axis
     epsilon = float(epsilon)
