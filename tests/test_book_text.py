@@ -133,16 +133,17 @@ def classify(lines: list[str]) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------
 
 # TeX control words that are no English word: at the start of a line, with or without what follows, they are a
-# command that lost its backslash. Also what \n and \r (a newline) leave of \nabla, \neq, \rangle, \right, ...
+# command that lost its backslash.
 TEX_ONLY = (
     "Vert vert lVert rVert lvert rvert mathrm mathbb mathcal mathbf mathsf mathit mathop mathtt operatorname "
     "frac dfrac tfrac sqrt textrm textbf textit texttt textsf boldsymbol cdot cdots ldots vdots ddots dots "
-    "langle rangle lfloor rfloor lceil rceil lbrace rbrace leq geq neq approx infty nabla propto "
-    "varepsilon varphi vartheta qquad quad overline underline widehat widetilde overbrace underbrace "
-    "mathbb xrightarrow rightarrow leftarrow Rightarrow Leftarrow Leftrightarrow leftrightarrow mapsto "
-    "ightarrow abla ight ightarrow onumber otin ewline eq ho iggl iggr displaystyle scriptstyle tag nonumber notag hline coloneqq sim simeq "
-    "equiv odot otimes oplus times setminus subseteq supseteq emptyset forall exists mid nmid Pr "
-    "begin end"
+    "langle rangle lfloor rfloor lceil rceil lbrace rbrace leq geq neq approx infty nabla propto varepsilon "
+    "varphi vartheta qquad quad overline underline widehat widetilde overbrace underbrace xrightarrow "
+    "rightarrow leftarrow Rightarrow Leftarrow Leftrightarrow leftrightarrow mapsto displaystyle scriptstyle "
+    "tag nonumber notag hline coloneqq sim simeq equiv odot otimes oplus times setminus subseteq supseteq "
+    "emptyset forall exists mid nmid Pr begin end "
+    # what a Python string leaves of \right, \rangle, \rho, \nabla, \neq, \notin, ... ("\r", "\n": a newline)
+    "ight ightarrow abla onumber otin ewline eq ho iggl iggr"
 ).split()
 # Words English uses too: a command only when a TeX character follows ("sum_", "left(", "hat{", "log\\").
 TEX_COMMON = (
@@ -151,13 +152,16 @@ TEX_COMMON = (
     "theta lambda sigma omega kappa zeta xi Delta Gamma Theta Lambda Sigma Omega Phi Psi Pi ell cos sin tan "
     "underset overset stackrel color partial epsilon angle floor ceil brace"
 ).split()
-TEX_START = re.compile(
-    r"^[\s$&=+\-*(]*(?:(?P<only>%s)(?![A-Za-z])|(?P<common>%s)(?=[{_^\\(\[|)\]$]))"
-    % ("|".join(sorted(set(TEX_ONLY), key=len, reverse=True)), "|".join(sorted(set(TEX_COMMON), key=len,
-                                                                                       reverse=True)))
-)
+
+
+def _alternatives(words: list[str]) -> str:
+    return "|".join(sorted(set(words), key=len, reverse=True))
+
+
+TEX_START = re.compile(r"^[\s$&=+\-*(]*(?:(?P<only>%s)(?![A-Za-z])|(?P<common>%s)(?=[{_^\\(\[|)\]$]))"
+                       % (_alternatives(TEX_ONLY), _alternatives(TEX_COMMON)))
 # English words among them ("begin", "end", "times", ...) are TeX only with a "{" after; "eq." abbreviates.
-TEX_ENGLISH_GUARD = re.compile(r"^[\s$&=+\-*(]*((begin|end|tag|sim|mid|times|quad|Pr|dots)(?![{A-Za-z])|eq\.)")
+TEX_ENGLISH_GUARD = re.compile(r"^[\s$&=+\-*(]*((begin|end|tag|sim|mid|times|Pr|dots)(?![{A-Za-z])|eq\.)")
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 ROLES = {"eq", "ref", "numref", "term", "doc", "download", "math", "sub", "sup", "abbr", "prf:ref",
@@ -285,7 +289,8 @@ def lint_text(text: str, name: str = "<text>") -> list[str]:
 @pytest.mark.parametrize("path", BOOK_MD, ids=rel)
 def test_source_lint(path):
     faults = lint_text(path.read_text(encoding="utf-8"), rel(path))
-    assert not faults, "\n".join(faults)
+    if faults:
+        pytest.fail("\n".join(faults), pytrace=False)
 
 
 PLANTED_LINT = {
@@ -367,39 +372,55 @@ def shown_text(output: dict) -> str:
     return ""
 
 
-def long_lines_in_notebook(nb: dict, name: str) -> list[str]:
+def long_lines_in_notebook(nb: dict, name: str, source: str | None = None) -> list[str]:
+    """Lines over the limit in the visible code and shown text output of a notebook, located in its MyST
+    text ``source`` when given (``book/...md:line``), else by code cell number."""
+    code = [cell for cell in nb["cells"] if cell["cell_type"] == "code"]
+    located = code_cells(source.split("\n")) if source is not None else []
+    if len(located) != len(code):
+        located = []
     faults = []
-    code_index = 0
-    for cell in nb["cells"]:
-        if cell["cell_type"] != "code":
-            continue
-        code_index += 1
+    for index, cell in enumerate(code):
         tags = set(cell.get("metadata", {}).get("tags", []))
-        where = f"{name} code cell {code_index}"
+
+        def where(k: int | None, output: bool = False) -> str:
+            if located:
+                fence, first, _ = located[index]
+                return f"{name}:{fence + 1}: output line {k}" if output else f"{name}:{first + k}"
+            return f"{name}: code cell {index + 1}, {'output line' if output else 'line'} {k}"
+
         if not tags & HIDDEN_SOURCE:
             for k, line in enumerate("".join(cell["source"]).splitlines(), 1):
                 if width(line) > MAX_CHARS:
-                    faults.append(f"{where}, line {k}: {width(line)} characters: {line.strip()[:50]!r}")
+                    faults.append(f"{where(k)}: {width(line)} characters: {line.strip()[:50]!r}")
         if not tags & HIDDEN_OUTPUT:
             for output in cell.get("outputs", []):
                 for k, line in enumerate(ANSI.sub("", shown_text(output)).splitlines(), 1):
                     if width(line) > MAX_CHARS:
-                        faults.append(f"{where}, output line {k}: {width(line)} characters: "
+                        faults.append(f"{where(k, output=True)}: {width(line)} characters: "
                                       f"{line.strip()[:50]!r}")
     return faults
+
+
+def notebook_faults(path: Path) -> list[str]:
+    """long_lines_in_notebook of one notebook, reported at the lines of its text source book/...md."""
+    source = ROOT / "book" / path.relative_to(ROOT / "notebooks").with_suffix(".md")
+    text = source.read_text(encoding="utf-8") if source.exists() else None
+    return long_lines_in_notebook(json.loads(path.read_text(encoding="utf-8")),
+                                  rel(source) if text is not None else rel(path), text)
 
 
 def test_visible_code_and_output_fit_the_column():
     per_notebook = {}
     for path in NOTEBOOKS:
-        faults = long_lines_in_notebook(json.loads(path.read_text(encoding="utf-8")), rel(path))
+        faults = notebook_faults(path)
         if faults:
             per_notebook[rel(path)] = faults
     if per_notebook:
         counts = ", ".join(f"{name}: {len(f)}" for name, f in per_notebook.items())
         first = [f for faults in per_notebook.values() for f in faults[:3]]
         pytest.fail(f"lines over {MAX_CHARS} characters in visible code cells or their output ({counts})\n"
-                    + "\n".join(first))
+                    + "\n".join(first), pytrace=False)
 
 
 def test_line_length_rule_catches_planted_faults():
@@ -444,12 +465,23 @@ def literalincludes(md: Path):
         yield j + 1, path, options
 
 
+_INCLUDED: dict = {}
+
+
 def included_lines(path: Path, options: dict) -> list[tuple[int, str]]:
     """(line number in the file, text) of what Sphinx shows: its own reader, with the directive's options."""
+    key = (path, tuple(sorted(options.items())))
+    if key not in _INCLUDED:
+        _INCLUDED[key] = _read_included(path, options)
+    return _INCLUDED[key]
+
+
+def _read_included(path: Path, options: dict) -> list[tuple[int, str]]:
     from sphinx.directives.code import LiteralIncludeReader
 
-    reader = LiteralIncludeReader(str(path), dict(options, **{"lineno-match": None}),
-                                  types.SimpleNamespace(source_encoding="utf-8-sig"))
+    if "lines" not in options:  # file line numbers for the report (Sphinx refuses them for a :lines: cut)
+        options = dict(options, **{"lineno-match": None})
+    reader = LiteralIncludeReader(str(path), options, types.SimpleNamespace(source_encoding="utf-8-sig"))
     text, _ = reader.read()
     return [(reader.lineno_start + k, line) for k, line in enumerate(text.splitlines())]
 
@@ -474,7 +506,8 @@ def test_package_code_the_book_shows_fits_the_column():
         for f in faults:
             files[f.split(":")[0]] = files.get(f.split(":")[0], 0) + 1
         counts = ", ".join(f"{name}: {n}" for name, n in files.items())
-        pytest.fail(f"lines over {MAX_CHARS} characters in code the book includes ({counts})\n" + "\n".join(faults))
+        pytest.fail(f"lines over {MAX_CHARS} characters in code the book includes ({counts})\n" + "\n".join(faults),
+                    pytrace=False)
 
 
 def test_literalinclude_reader_follows_the_options(tmp_path):
@@ -521,7 +554,8 @@ def glance_fault(text: str, name: str) -> str | None:
 @pytest.mark.parametrize("path", CHAPTERS, ids=rel)
 def test_chapter_opens_with_at_a_glance(path):
     fault = glance_fault(path.read_text(encoding="utf-8"), rel(path))
-    assert fault is None, fault
+    if fault:
+        pytest.fail(fault, pytrace=False)
 
 
 def test_at_a_glance_rule_catches_planted_faults():
@@ -594,8 +628,9 @@ FIGURE = re.compile(r"^(`{3,}|:{3,})\{(glue:figure|figure)\}\s*(\S*)\s*$")
 CODE_CELL = re.compile(r"^(`{3,})\{code-cell\}")
 
 
-def code_cells(lines: list[str]) -> list[tuple[int, str]]:
-    """(line index of the opening fence, source without its options) of every code cell of a MyST file."""
+def code_cells(lines: list[str]) -> list[tuple[int, int, str]]:
+    """(line index of the opening fence, of the first source line, source without its options) of every code
+    cell of a MyST file."""
     cells, j = [], 0
     while j < len(lines):
         m = CODE_CELL.match(lines[j])
@@ -611,11 +646,11 @@ def code_cells(lines: list[str]) -> list[tuple[int, str]]:
             j += 1
         while j < len(lines) and OPTION.match(lines[j]):
             j += 1
-        body = []
+        body, first = [], j
         while j < len(lines) and lines[j].rstrip() != fence:
             body.append(lines[j])
             j += 1
-        cells.append((start, "\n".join(body)))
+        cells.append((start, first, "\n".join(body)))
         j += 1
     return cells
 
@@ -625,7 +660,7 @@ def figure_faults(text: str, name: str) -> tuple[list[str], list[str]]:
     lines = text.split("\n")
     kinds = classify(lines)
     cells = code_cells(lines)
-    experimental = experiment_cells([source for _, source in cells])
+    experimental = experiment_cells([source for _, _, source in cells])
     figures = []
     for j, line in enumerate(lines):
         m = FIGURE.match(line)
@@ -637,7 +672,7 @@ def figure_faults(text: str, name: str) -> tuple[list[str], list[str]]:
             figures.append((j, key))
     faults, experiments = [], []
     for n, (j, key) in enumerate(figures):
-        makers = [k for k, (at, source) in enumerate(cells) if at < j
+        makers = [k for k, (at, _, source) in enumerate(cells) if at < j
                   and re.search(rf"['\"]{re.escape(key)}['\"]", source)]
         is_experiment = bool(makers) and makers[-1] in experimental
         if not is_experiment:
@@ -667,7 +702,8 @@ def figure_faults(text: str, name: str) -> tuple[list[str], list[str]]:
 @pytest.mark.parametrize("path", CHAPTERS, ids=rel)
 def test_experiment_figure_has_table_and_finding(path):
     faults, _ = figure_faults(path.read_text(encoding="utf-8"), rel(path))
-    assert not faults, "\n".join(faults)
+    if faults:
+        pytest.fail("\n".join(faults), pytrace=False)
 
 
 def test_figure_rule_catches_planted_faults():
@@ -685,10 +721,18 @@ def test_figure_rule_catches_planted_faults():
     assert figure_faults(head + illustration + "## Next\n", "c") == ([], []), "an illustration needs no table"
 
 
-if __name__ == "__main__":  # print every finding at once
+if __name__ == "__main__":  # every finding at once: python tests/test_book_text.py
     for path in BOOK_MD:
         for fault in lint_text(path.read_text(encoding="utf-8"), rel(path)):
             print(fault)
+    for path in NOTEBOOKS:
+        for fault in notebook_faults(path):
+            print(fault)
+    for md in BOOK_MD:
+        for line_no, path, options in literalincludes(md):
+            for file_line, text in included_lines(path, options):
+                if width(text) > MAX_CHARS:
+                    print(f"{rel(path)}:{file_line}: {width(text)} characters (shown by {rel(md)}:{line_no})")
     for path in CHAPTERS:
         text = path.read_text(encoding="utf-8")
         fault = glance_fault(text, rel(path))
