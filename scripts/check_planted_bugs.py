@@ -50,7 +50,8 @@ BUGS = [
         "log-probs divide by the temperature after the log-softmax instead of before it",
         "src/rlbook/rollout.py",
         "    logits = head(hidden).float() / temperature  # (n, V) float32\n"
-        "    # gather - logsumexp gives the same number as log_softmax(...).gather(...) without a second (n, V) tensor.\n"
+        "    # gather - logsumexp gives the same number as log_softmax(...).gather(...) without a second\n"
+        "    # (n, V) tensor.\n"
         "    return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)\n",
         "    logits = head(hidden).float()\n"
         "    return (logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)) / temperature\n",
