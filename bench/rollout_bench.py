@@ -20,9 +20,10 @@ Three scenarios:
 - ``trained``: the shipped base policies (``rlbook.checkpoints``, tiny size) on their own tasks' prompts: the
   setting every RL chapter runs in.
 
-    python bench/rollout_bench.py                              # tiny, small, base on the default device
+    python bench/rollout_bench.py               # tiny, small, base on the default device
     python bench/rollout_bench.py --sizes tiny --threads 1 --max-new-tokens 64
-    python bench/rollout_bench.py --device cuda --bf16 --big-vocab 151936   # + log-probs at Qwen2.5's vocabulary
+    # + log-probs at Qwen2.5's vocabulary:
+    python bench/rollout_bench.py --device cuda --bf16 --big-vocab 151936
 """
 
 from __future__ import annotations
