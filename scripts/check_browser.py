@@ -387,13 +387,6 @@ JS_DESKTOP = r"""
   out.untitledDropdowns = Array.from(document.querySelectorAll('.admonition.dropdown, .admonition.toggle'))
     .filter(e => !e.querySelector('.admonition-title'))
     .map(e => (e.id ? '#' + e.id + ' ' : '') + e.className + ': ' + e.textContent.replace(/\s+/g, ' ').trim().slice(0, 60));
-  // Display equations that do not fit at desktop width (they scroll there, or are cut off): a fault.
-  out.wideDisplay = Array.from(document.querySelectorAll('mjx-container[display="true"]'))
-    .filter(c => c.getBoundingClientRect().width > 0)
-    .map(c => [c, c.querySelector('mjx-math')]).filter(([c, m]) => m && m.getBoundingClientRect().width > c.clientWidth + 2)
-    .map(([c, m]) => `${Math.round(m.getBoundingClientRect().width)} px formula in a ${c.clientWidth} px box: `
-         + (c.closest('.math') && c.closest('.math').querySelector('.eqno') ? c.closest('.math').querySelector('.eqno').textContent.replace('#', '').trim() + ' ' : '')
-         + (texOf(m) || '').replace(/\s+/g, ' ').trim().slice(0, 60));
   out.title = document.title;
   return out;
 })()
@@ -552,6 +545,22 @@ JS_LAYOUT = r"""
         out.faults.push(`${describe(el)} scrolls sideways (${where})`);
       }
     }
+    // Display formulas wider than their box (they scroll, or are cut off), dropdowns included.
+    const mj = window.MathJax;
+    const texOf = node => {
+      if (mj && mj.startup && mj.startup.document)
+        for (const item of mj.startup.document.math)
+          if (item.typesetRoot && item.typesetRoot.contains(node)) return item.math;
+      return '';
+    };
+    for (const c of document.querySelectorAll('mjx-container[display="true"]')) {
+      const m = c.querySelector('mjx-math');
+      if (!m || !visible(c) || m.getBoundingClientRect().width <= c.clientWidth + 2) continue;
+      const eqno = c.closest('.math') && c.closest('.math').querySelector('.eqno');
+      out.faults.push(`display equation wider than the column (it scrolls): ${Math.round(m.getBoundingClientRect().width)} px `
+                      + `formula in a ${c.clientWidth} px box: ` + (eqno ? eqno.textContent.replace('#', '').trim() + ' ' : '')
+                      + texOf(m).replace(/\s+/g, ' ').trim().slice(0, 60));
+    }
     // Code boxes in the article's column: a legible font, and room for a 100-character line.
     const pres = Array.from(root.querySelectorAll('div.highlight pre')).filter(visible);
     if (pres.length) {
@@ -656,6 +665,10 @@ class Checker:
             b.send(f"{domain}.enable", session=self.session)
         b.send("Network.setBlockedURLs", {"urls": ["http://*", "https://*", "ws://*", "wss://*", "ftp://*"]},
                session=self.session)
+        # Every page is opened as a first visit: the theme would otherwise restore the sidebar's scroll
+        # position from the previous page (sessionStorage), and the screenshots would show a scrolled sidebar.
+        b.send("Page.addScriptToEvaluateOnNewDocument",
+               {"source": "try { sessionStorage.removeItem('sidebar-scroll-top'); } catch (e) {}"}, session=self.session)
         self.console: list[str] = []
         self.requests: list[str] = []
         b.listeners.append(self._on_event)
@@ -742,8 +755,6 @@ class Checker:
         for err in d["mathErrors"]:
             result.faults.append(f"MathJax {'error' if err['kind'] == 'error' else 'warning'}: {err['message']}"
                                  + (f" in {err['tex']!r}" if err["tex"] else ""))
-        for what in d["wideDisplay"]:
-            result.faults.append(f"at {DESKTOP['width']} px: display equation wider than the column (it scrolls): {what}")
         for what in d["untitledDropdowns"]:
             result.faults.append(f"dropdown without a title (breaks sphinx-togglebutton on this page): {what}")
         # images

@@ -97,6 +97,10 @@ to <a href="#top">the top</a> and to <a href="https://example.org/paper">a paper
                          + """\\]</div>""",
     "wide_table_desktop.html": """<div style="overflow-x: auto"><table><tr><td>""" + "wide_cell_" * 200
                                + """</td></tr></table></div>""",
+    # the same inside a closed dropdown (a solution): the reader opens it, so it is checked open
+    "wide_in_dropdown.html": """<details><summary>Solution</summary>
+<div class="highlight"><pre style="overflow-x: auto">""" + "y = 2; " * 30 + """</pre></div>
+<div class="math">\\[""" + " + ".join(f"c_{{{i}}} d_{{{i}}}" for i in range(80)) + """\\]</div></details>""",
     # code too small to read, in a column too narrow for 100 characters
     "narrow_code.html": """<div style="width: 500px"><div class="highlight"><pre style="font-size: 12px">x = 1</pre></div></div>""",
 }
@@ -239,6 +243,9 @@ def test_cjk_text_is_checked_for_a_real_font(results):
     ("wide_code.html", "its longest line has 210 characters"),
     ("wide_display.html", "at 1280 px: display equation wider than the column"),
     ("wide_table_desktop.html", "at 1280 px: table scrolls sideways"),
+    ("wide_in_dropdown.html", "at 1280 px: code box scrolls sideways"),
+    ("wide_in_dropdown.html", "at 1280 px: display equation wider than the column (it scrolls): "),
+    ("wide_in_dropdown.html", "c_{0} d_{0} + c_{1} d_{1}"),
     ("narrow_code.html", "at 1280 px: code is drawn at 12 px"),
     ("narrow_code.html", "characters a line: 100 must fit"),
 ])
