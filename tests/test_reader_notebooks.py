@@ -1,0 +1,217 @@
+"""The reader copy of the notebooks (`make lab`, scripts/make_reader.py): numbers, figures, captions and code in
+place of MyST-NB's glue and Sphinx's roles, which JupyterLab with jupyterlab-myst cannot resolve.
+
+The copy of every chapter is built once into a temporary folder (no kernel, a few seconds) and read back.
+"""
+
+import base64
+import functools
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("make_reader", ROOT / "scripts" / "make_reader.py")
+make_reader = sys.modules["make_reader"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_reader)
+
+CHAPTERS = make_reader.chapter_notebooks()
+# Directives jupyterlab-myst renders; anything else in a reader notebook would show as "Unknown Directive".
+RENDERED = {"math", "admonition", "note", "warning", "tip", "important", "caution", "attention", "danger", "error",
+            "hint", "seealso", "exercise", "solution", "solution-start", "solution-end", "dropdown", "figure",
+            "image", "table", "list-table", "code", "code-block", "margin", "aside", "card", "tab-set", "tab-item"}
+RENDERED |= {f"prf:{kind}" for kind in make_reader._PROOF_KINDS | {"proof"}}
+LEFT_OVER = re.compile(r"\{(glue|glue:[a-z]+|numref|eq|ref|prf:ref|term|doc|cite|cite:[a-z]+|download|any)\}`"
+                       r"|\{(literalinclude|glue:[a-z]+|glue)\}")  # a role (with its backtick), or a directive
+DIRECTIVE = re.compile(r"^\s*(`{3,}|:{3,})\{(?P<name>[^}\s]+)\}", re.M)
+IMAGE = re.compile(r"!\[[^\]]*\]\((?P<src>data:image/(?:png|jpeg);base64,[A-Za-z0-9+/=]+|attachment:[^)\s]+)\)")
+
+
+@pytest.fixture(scope="module")
+def reader_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reader")
+    assert make_reader.main(["--out", str(out)]) == 0
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _read(path: Path):
+    return nbformat.read(path, as_version=4)
+
+
+def pair(chapter, reader_dir):
+    """(the stored notebook, its reader copy), read once per test session (the tests only look at them)."""
+    return _read(chapter), _read(reader_dir / chapter.relative_to(ROOT / "notebooks"))
+
+
+def markdown(nb, images: bool = False) -> str:
+    """The notebook's Markdown; without ``images`` each data URI's payload is cut to ``...`` (faster to search)."""
+    text = "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    return text if images else re.sub(r"(;base64,)[A-Za-z0-9+/=]+", r"\1...", text)
+
+
+def test_every_chapter_has_a_reader_copy(reader_dir):
+    assert {"grpo", "family", "mdp"} <= {p.stem for p in CHAPTERS}
+    for chapter in CHAPTERS:
+        assert (reader_dir / chapter.relative_to(ROOT / "notebooks")).exists(), chapter
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_no_role_or_unknown_directive_is_left(chapter, reader_dir):
+    original, reader = pair(chapter, reader_dir)
+    nbformat.validate(reader)
+    text = markdown(reader)
+    left = sorted({m.group(0) for m in LEFT_OVER.finditer(text)})
+    assert not left, f"roles left as text: {left}"
+    unknown = sorted({m["name"] for m in DIRECTIVE.finditer(text)} - RENDERED)
+    assert not unknown, f"directives jupyterlab-myst does not know: {unknown}"
+    assert "not computed]" not in text and "not found]" not in text
+    # the code cells are all kept, in order, with the glue records dropped from their outputs
+    assert [c.source for c in original.cells if c.cell_type == "code"] == \
+        [c.source for c in reader.cells if c.cell_type == "code"]
+    for cell in reader.cells:
+        if cell.cell_type == "code":
+            assert not any("scrapbook" in o.get("metadata", {}) for o in cell.outputs)
+            if "remove-cell" in cell.metadata.get("tags", []):
+                assert cell.metadata["jupyter"]["source_hidden"] is True
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_each_glued_value_is_written_in(chapter, reader_dir):
+    """Every {glue:text} of the source is replaced by its formatted value: the glued numbers appear in the text."""
+    original, reader = pair(chapter, reader_dir)
+    values = make_reader.glue_values(original)
+    text = markdown(reader)
+    roles = re.findall(r"\{glue:text\}`([^`]+)`", markdown(original))
+    for content in roles:
+        key, fmt = content.rsplit(":", 1) if ":" in content else (content, "")
+        formatted = make_reader.format_plain_text("".join(values[key]["text/plain"]), fmt)
+        assert formatted in text, f"{content}: {formatted!r} not in the reader copy"
+        # the name of the value is not printed as if it were the value (the reader's complaint)
+    names = {content.rsplit(":", 1)[0] for content in roles}
+    shown = [name for name in names if re.search(rf"(?<![\w`/.-]){re.escape(name)}(?![\w`/.-])", text)]
+    assert not shown, f"glue names shown as text: {shown[:5]}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_every_figure_is_an_image_with_a_numbered_caption(chapter, reader_dir):
+    original, reader = pair(chapter, reader_dir)
+    figures = re.findall(r"\{glue:figure\}\s*(\S+)[^\n]*\n(?::[^\n]*\n)*", markdown(original))
+    text = markdown(reader, images=True)
+    images = IMAGE.findall(text)
+    assert len(images) >= len(figures)
+    captions = re.findall(r"\*\*Figure (\d+)\.(\d+)\.\*\* \*\S", text)
+    assert len(captions) == len(figures), f"{len(figures)} figures, {len(captions)} numbered captions"
+    if captions:
+        assert [int(k) for _, k in captions] == list(range(1, len(captions) + 1))
+        assert {n for n, _ in captions} == {str(reader.metadata[make_reader.READER_KEY]["chapter"])}
+    for src in images:
+        if src.startswith("data:"):
+            assert base64.b64decode(src.split(",", 1)[1])[:4] in (b"\x89PNG", b"\xff\xd8\xff\xe0", b"\xff\xd8\xff\xe1")
+    # each image is directly followed by its caption
+    for match in IMAGE.finditer(text):
+        after = text[match.end():match.end() + 40].lstrip("\n")
+        if "glue:figure" in markdown(original):
+            assert after.startswith("**Figure"), after
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_every_literalinclude_became_code(chapter, reader_dir):
+    """Each former literalinclude is a pointer line ("From `rlbook.x.f` in `src/...`, lines a–b:") and a
+    non-empty fenced block whose lines are the file's lines a to b."""
+    original, reader = pair(chapter, reader_dir)
+    includes = len(re.findall(r"\{literalinclude\}", markdown(original)))
+    blocks = re.findall(r"From (`[^`]+`(?: in `[^`]+`)?), lines? (\d+)(?:–(\d+))?:\n\n(`{3,})(\w*)\n(.*?)\n\4(?!`)",
+                        markdown(reader), flags=re.S)
+    assert len(blocks) == includes, f"{includes} literalincludes, {len(blocks)} code blocks"
+    for where, first, last, _, _, code in blocks:
+        assert code.strip(), f"{where}: empty code block"
+        path = re.findall(r"`([^`]+)`", where)[-1]
+        lines = (ROOT / path).read_text().splitlines()[int(first) - 1:int(last or first)]
+        shown = code.splitlines()
+        assert len(shown) == len(lines)
+        assert all(s.strip() == line.strip() for s, line in zip(shown, lines)), f"{where}: not the file's lines"
+
+
+def test_the_family_code_section_is_not_empty(reader_dir):
+    """The reader's complaint: 'the code behind each cell' was five bold labels with nothing under them."""
+    family = next(p for p in CHAPTERS if p.stem == "family")
+    _, reader = pair(family, reader_dir)
+    text = markdown(reader)
+    assert text.count("```python") >= 10
+    for name in ("rlbook.advantages.grpo", "rlbook.objectives.clipped_surrogate"):
+        assert f"`{name}`" in text
+
+
+def test_cross_references_read_as_the_book_prints_them(reader_dir):
+    grpo = next(p for p in CHAPTERS if p.stem == "grpo")
+    _, reader = pair(grpo, reader_dir)
+    text = markdown(reader)
+    chapter = reader.metadata[make_reader.READER_KEY]["chapter"]
+    assert re.search(rf"^# {chapter}\. GRPO", text, flags=re.M)
+    assert "Chapter 5 (PPO)" in text and f"Figure {chapter}.1" in text and f"({chapter}.1)" in text
+    assert "Shao et al. (2024)" in text
+    assert text.startswith(f"---\nnumbering:\n  enumerator: {chapter}.%s")  # jupyterlab-myst numbers as the book
+
+
+# ---- the script on hand-made notebooks
+def _index():
+    index = make_reader.Index()
+    index.chapters["notebooks/x"] = 3
+    make_reader.index_document(index, "notebooks/x", "(chap-x)=\n# X\n\n```{math}\n:label: eq-a\na\n```\n\n"
+                               "```{glue:figure} f\n:name: fig-f\n\nCap.\n```\n\n```{exercise} Do it\n:label: ex-a\n"
+                               "```\n\n```{prf:algorithm} Alg\n:label: alg-a\n```", 3)
+    index.citations["k"] = ("Doe et al.", "2020")
+    return index
+
+
+def _notebook(*markdown_cells, glue=None):
+    nb = nbformat.v4.new_notebook()
+    code = nbformat.v4.new_code_cell("glue(...)", metadata={"tags": ["remove-cell"]})
+    code.outputs = [nbformat.v4.new_output("display_data", data={"application/papermill.record/text/plain": v},
+                                           metadata={"scrapbook": {"name": k,
+                                                                   "mime_prefix": "application/papermill.record/"}})
+                    for k, v in (glue or {}).items()]
+    nb.cells = [code] + [nbformat.v4.new_markdown_cell(m) for m in markdown_cells]
+    return nb
+
+
+def test_roles_on_a_hand_made_notebook():
+    nb = _notebook("# X\n\nSee {numref}`Chapter %s (X) <chap-x>`, {numref}`fig-f`, {eq}`eq-a`, {ref}`ex-a`,\n"
+                   "{prf:ref}`alg-a`, {term}`a term <Term>`, {cite:t}`k`, {cite:p}`k`; value {glue:text}`v:.2f`,\n"
+                   "`{glue:text}` stays code.", glue={"v": "0.12345"})
+    reader = make_reader.reader_notebook(nb, _index(), "notebooks/x")
+    assert reader.cells[0].source.startswith("---\nnumbering:\n  enumerator: 3.%s")  # a front-matter cell first
+    text = reader.cells[2].source
+    assert ("See Chapter 3 (X), Figure 3.1, (3.1), Exercise 3.1,\nAlgorithm 3.1, a term, Doe et al. (2020), "
+            "(Doe et al., 2020); value 0.12,\n`{glue:text}` stays code.") in text
+    assert "# 3. X" in text
+    assert reader.cells[1].outputs == [] and reader.cells[1].metadata["jupyter"]["source_hidden"]
+
+
+def test_a_missing_glue_value_or_label_fails_loudly():
+    with pytest.raises(make_reader.ReaderError, match="no glued value named 'nope'"):
+        make_reader.reader_notebook(_notebook("{glue:text}`nope`"), _index(), "notebooks/x")
+    with pytest.raises(make_reader.ReaderError, match="'eq-missing' not found"):
+        make_reader.reader_notebook(_notebook("{eq}`eq-missing`"), _index(), "notebooks/x")
+
+
+def test_literalinclude_options(tmp_path):
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "mod.py").write_text(
+        "import os\n\n\n@decorator\ndef f(x):\n    '''Doc.'''\n    return x\n\n\nclass C:\n    def m(self):\n"
+        "        return 1\n\n    # start here\n    def n(self):\n        return 2\n")
+    code, where, first, last = make_reader.literal_include("/src/pkg/mod.py", {"pyobject": "f"}, tmp_path)
+    assert code.startswith("@decorator\ndef f(x):") and (first, last) == (4, 7) and where.startswith("`pkg.mod.f`")
+    code, _, first, last = make_reader.literal_include("/src/pkg/mod.py", {"pyobject": "C.m", "dedent": "4"},
+                                                       tmp_path)
+    assert code == "def m(self):\n    return 1" and (first, last) == (11, 12)
+    code, _, first, _ = make_reader.literal_include(
+        "/src/pkg/mod.py", {"start-after": "# start here", "end-at": "return 2"}, tmp_path)
+    assert code.strip().startswith("def n") and first == 15
+    code, _, first, last = make_reader.literal_include("/src/pkg/mod.py", {"lines": "1,5-6"}, tmp_path)
+    assert code == "import os\ndef f(x):\n    '''Doc.'''" and (first, last) == (1, 6)
