@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 export PYTHONHASHSEED = 0
 
-.PHONY: install book test test-browser test-portability test-planted-bugs notebooks lab student checkpoints bench clean
+.PHONY: install book test test-browser test-portability test-planted-bugs notebooks reader lab student checkpoints bench clean
 
 install: $(STAMP)
 
@@ -50,21 +50,26 @@ notebooks: install  ## re-execute every chapter and write its outputs into the p
 
 # JupyterLab with jupyterlab-myst renders the chapters' MyST (math, admonitions, proofs, exercises); it runs offline:
 # no news, no update check, a read-only extension manager (settings in scripts/jupyterlab/overrides.json).
-# `make lab LAB_DIR=_build/student` opens the student edition instead.
-LAB_DIR ?= notebooks
+# It serves the reader copy (`make reader`): glued numbers, figures with captions and the package's code written in,
+# which jupyterlab-myst cannot resolve itself. `make lab LAB_DIR=_build/student` opens the student edition instead.
+LAB_DIR ?= _build/reader
 LAB_PORT ?= 8888
 $(VENV)/.notebooks-installed: $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[notebooks]'
 	touch $@
 
-lab: $(VENV)/.notebooks-installed  ## install the [notebooks] extra and serve JupyterLab on notebooks/ (open the URL it prints)
+reader: install  ## the reader copy of the notebooks in _build/reader: numbers, figures, captions and code in place of MyST-NB roles
+	$(BIN)/python scripts/make_reader.py --out _build/reader
+
+lab: $(VENV)/.notebooks-installed reader  ## install the [notebooks] extra and serve JupyterLab on the reader copy (open the URL it prints)
+	$(if $(filter _build/student,$(LAB_DIR)),$(BIN)/python scripts/make_student.py --source _build/reader --out _build/student)
 	$(BIN)/jupyter lab --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) \
 	    --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --ServerApp.root_dir=$(LAB_DIR) \
 	    --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \
 	    --LabApp.extension_manager=readonly --LabApp.app_settings_dir=$(CURDIR)/scripts/jupyterlab
 
-student: install  ## the student edition: each solution replaced by a stub and its checker call, in _build/student/
-	$(BIN)/python scripts/make_student.py --out _build/student
+student: reader  ## the student edition, from the reader copy: each solution replaced by a stub and its checker call, in _build/student/
+	$(BIN)/python scripts/make_student.py --source _build/reader --out _build/student
 
 checkpoints: install  ## retrain the shipped base policies (SFT until the held-out accuracy target), then verify: shipped hashes and accuracy, first 40 SFT losses within 1e-5, target reached, accuracy in band
 	$(BIN)/python -m rlbook.checkpoints build

@@ -16,6 +16,11 @@ Usage::
 
     python scripts/make_student.py                      # every notebooks/**/*.ipynb -> _build/student/**
     python scripts/make_student.py --out DIR notebooks/part1/mdp.ipynb
+    python scripts/make_student.py --source _build/reader   # from the reader copy (what `make student` does)
+
+`make student` builds it from the reader copy (scripts/make_reader.py), so that the student reads glued numbers,
+figures with captions and the package's code in place; a stub that is run before it is written stops with one
+line, ``ExerciseNotDone: ...`` (see rlbook.exercises._compare).
 
 The script works from the markers, never from cell positions, so it follows the chapters as they change.
 """
@@ -243,11 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("notebooks", nargs="*", type=Path,
                         help="chapter notebooks (default: notebooks/**/*.ipynb)")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="output folder (default: _build/student)")
+    parser.add_argument("--source", type=Path, default=SOURCE_DIR,
+                        help="folder of the notebooks (default: notebooks; `make student` uses _build/reader)")
     args = parser.parse_args(argv)
-    sources = [p.resolve() for p in args.notebooks] or chapter_notebooks()
+    source_dir = args.source.resolve()
+    sources = [p.resolve() for p in args.notebooks] or chapter_notebooks(source_dir)
     for source in sources:
         try:
-            relative = source.relative_to(SOURCE_DIR)
+            relative = source.relative_to(source_dir)
         except ValueError:
             relative = Path(source.name)
         target = args.out / relative

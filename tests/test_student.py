@@ -1,6 +1,7 @@
 """The student edition (`make student`, scripts/make_student.py): solutions replaced by stubs that run.
 
-The marker scanning here is written independently of the script, so a bug in one is not mirrored in the other.
+Like `make student`, the tests build it from the reader copy (scripts/make_reader.py). The marker scanning here is
+written independently of the script, so a bug in one is not mirrored in the other.
 """
 
 import ast
@@ -17,6 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("make_student", ROOT / "scripts" / "make_student.py")
 make_student = sys.modules["make_student"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_student)
+_spec = importlib.util.spec_from_file_location("make_reader", ROOT / "scripts" / "make_reader.py")
+make_reader = sys.modules["make_reader"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_reader)
 
 CHAPTERS = [p for p in make_student.chapter_notebooks() if "{solution-start}" in p.read_text()]
 STUB = make_student.STUB_KEY
@@ -91,14 +95,27 @@ def reference_bodies(code_sources):
 
 
 @pytest.fixture(scope="module")
-def student_dir(tmp_path_factory):
+def reader_dir(tmp_path_factory):
+    """The reader copy of the chapters with exercises, the source of the student edition (as in `make student`)."""
+    out = tmp_path_factory.mktemp("reader")
+    assert make_reader.main(["--out", str(out), *map(str, CHAPTERS)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def student_dir(tmp_path_factory, reader_dir):
     out = tmp_path_factory.mktemp("student")
-    assert make_student.main(["--out", str(out), *map(str, CHAPTERS)]) == 0
+    sources = [str(reader_dir / chapter.relative_to(ROOT / "notebooks")) for chapter in CHAPTERS]
+    assert make_student.main(["--source", str(reader_dir), "--out", str(out), *sources]) == 0
     return out
 
 
 def student_of(chapter, student_dir):
     return nbformat.read(student_dir / chapter.relative_to(ROOT / "notebooks"), as_version=4)
+
+
+def reader_of(chapter, reader_dir):
+    return nbformat.read(reader_dir / chapter.relative_to(ROOT / "notebooks"), as_version=4)
 
 
 def test_chapters_with_exercises_exist():
@@ -107,8 +124,8 @@ def test_chapters_with_exercises_exist():
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
-def test_student_edition_drops_solutions_and_keeps_exercises(chapter, student_dir):
-    original = nbformat.read(chapter, as_version=4)
+def test_student_edition_drops_solutions_and_keeps_exercises(chapter, student_dir, reader_dir):
+    original = reader_of(chapter, reader_dir)
     student = student_of(chapter, student_dir)
     nbformat.validate(student)
     md = "\n".join(c.source for c in student.cells if c.cell_type == "markdown")
@@ -146,8 +163,8 @@ def test_student_edition_drops_solutions_and_keeps_exercises(chapter, student_di
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
 def test_student_edition_runs_and_only_its_stubs_fail(chapter, student_dir):
-    """Execute the student notebook once (errors allowed): the first error is the first stub's NotImplementedError,
-    and only the stubs fail, so nothing outside the solutions depends on them."""
+    """Execute the student notebook once (errors allowed): only the stubs fail, so nothing outside the solutions
+    depends on them, and each stub's failure is one line (the checker's ExerciseNotDone, no traceback)."""
     student = student_of(chapter, student_dir)
     stubs = [i for i, c in enumerate(student.cells) if STUB in c.metadata]
     path = student_dir / chapter.relative_to(ROOT / "notebooks")
@@ -158,8 +175,9 @@ def test_student_edition_runs_and_only_its_stubs_fail(chapter, student_dir):
     assert sorted(errors) == stubs, "cells other than the stubs failed: " + "\n".join(
         f"cell {i}: {o.ename}: {o.evalue}" for i, o in errors.items() if i not in stubs)
     for i in stubs:
-        assert (errors[i].ename, errors[i].evalue) == ("NotImplementedError", "your solution"), (
+        assert errors[i].ename == "ExerciseNotDone" and "your solution" in errors[i].evalue, (
             f"stub cell {i} raised {errors[i].ename}: {errors[i].evalue}")
+        assert len(errors[i].traceback) == 1, f"stub cell {i}: {len(errors[i].traceback)} lines of traceback"
 
 
 # ---- the script on hand-made notebooks: markers mixed with text, several code cells, prose-only solutions
