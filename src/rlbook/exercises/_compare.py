@@ -1,10 +1,118 @@
-"""Shared helpers for the exercise checkers: comparing results, and calling the reader's function."""
+"""Shared helpers for the exercise checkers: comparing results, calling the reader's function, and short verdicts.
+
+Every ``check_<name>`` is wrapped by :func:`checker`, so that in a notebook
+
+- a stub that still raises ``NotImplementedError`` gives one line, ``ExerciseNotDone: ...``, not a traceback
+  through the checker's internals;
+- a wrong answer gives ``CheckFailed: ...``: the first mismatch and its index, the largest difference, a hint
+  when the answer matches a known mistake, then the trial's inputs, numbers rounded to 4 significant digits
+  and long lists cut (the seed and the trial number rebuild them exactly);
+- a crash of the reader's function shows the message and only the frames of the reader's own code.
+
+Both exceptions subclass the built-in ones (``NotImplementedError``, ``AssertionError``), so tests and scripts
+that catch those keep working; IPython prints them through their ``_render_traceback_``.
+"""
 
 from __future__ import annotations
 
+import functools
+import re
+import traceback
+from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
+
+_HERE = Path(__file__).resolve().parent  # rlbook/exercises: frames in here are the checker's, not the reader's
+MAX_LINES = 24  # a verdict longer than this is cut (the trial and seed it names rebuild the inputs)
+
+
+# ---------------------------------------------------------------------------------------------- short verdicts
+class ExerciseNotDone(NotImplementedError):
+    """The reader's function is still the stub of the student edition (it raises ``NotImplementedError``)."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython: one line instead of a traceback
+        return [f"{type(self).__name__}: {self}"]
+
+
+class CheckFailed(AssertionError):
+    """A checker's verdict on a wrong answer (or a crash of the reader's function, kept as ``__cause__``)."""
+
+    def _render_traceback_(self) -> list[str]:
+        lines = f"{type(self).__name__}: {self}".splitlines()
+        cause = self.__cause__
+        if cause is not None and cause.__traceback__ is not None:
+            frames = [f for f in traceback.extract_tb(cause.__traceback__)
+                      if not Path(f.filename).resolve().is_relative_to(_HERE) and "site-packages" not in f.filename]
+            if frames:
+                lines.append("where your code raised it:")
+                lines += [line.rstrip("\n") for line in traceback.format_list(frames)]
+        return lines
+
+
+def _round_numbers(text: str) -> str:
+    """Decimal numbers with more than 4 significant digits rounded to 4 (``0.93521845`` -> ``0.9352``)."""
+    def shorter(match: re.Match) -> str:
+        number = match.group(0)
+        digits = len(re.sub(r"[^0-9]", "", number.split("e")[0].split("E")[0]).lstrip("0"))
+        return f"{float(number):.4g}" if digits > 4 else number
+    return re.sub(r"(?<![\w.])-?\d+\.\d+(?:[eE][-+]?\d+)?(?![\w.])", shorter, text)
+
+
+def _cut_lists(text: str, keep: int = 8) -> str:
+    """Bracketed lists of more than ``keep`` items cut to their first and last few: ``[1, 2, …, 9] (10 values)``."""
+    def cut(match: re.Match) -> str:
+        items = [item.strip() for item in match.group(1).split(",")]
+        if len(items) <= keep:
+            return match.group(0)
+        return f"[{', '.join(items[:keep - 2])}, …, {', '.join(items[-2:])}] ({len(items)} values)"
+    return re.sub(r"\[([^\[\]\n]*)\]", cut, text)
+
+
+def short(message: str) -> str:
+    """A checker's message as the reader sees it: numbers rounded, long lists and long messages cut."""
+    message = _cut_lists(_round_numbers(message))
+    lines = message.splitlines()
+    if len(lines) > MAX_LINES:
+        cut = len(lines) - MAX_LINES + 1
+        lines = lines[:MAX_LINES - 1] + [f"  … ({cut} more lines: rerun the trial to see them)"]
+    return "\n".join(lines)
+
+
+def checker(check: Callable) -> Callable:
+    """Decorate a ``check_<name>(fn, ...)``: its failures become one short :class:`CheckFailed` or
+    :class:`ExerciseNotDone` (see the module docstring)."""
+
+    @functools.wraps(check)
+    def wrapped(fn, *args, **kwargs):
+        __tracebackhide__ = True  # pytest and IPython leave this frame out
+        try:
+            return check(fn, *args, **kwargs)
+        except (ExerciseNotDone, CheckFailed):
+            raise
+        except NotImplementedError as error:
+            name = getattr(fn, "__name__", "your function")
+            raise ExerciseNotDone(
+                f"{name} is not written yet (it raises NotImplementedError: {error}); replace the raise with "
+                f"your solution and run this cell again") from None
+        except AssertionError as error:
+            raise CheckFailed(short(str(error))) from error.__cause__
+
+    return wrapped
+
+
+def show(value, limit: int = 8) -> str:
+    """A number, array, tensor or list in a few characters: 4 significant digits, at most ``limit`` values
+    (the first and last few of longer ones)."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    array = np.asarray(value)
+    if array.dtype.kind in "fc":
+        text = np.array2string(array, separator=", ", threshold=limit, edgeitems=3, max_line_width=100,
+                               formatter={"float_kind": lambda v: f"{v:.4g}"})
+    else:
+        text = np.array2string(array, separator=", ", threshold=limit, edgeitems=3, max_line_width=100)
+    return text
 
 
 def assert_close(got, expected, what: str, atol: float = 1e-8, rtol: float = 1e-6, hint: str = "",
@@ -19,12 +127,26 @@ def assert_close(got, expected, what: str, atol: float = 1e-8, rtol: float = 1e-
     elif np.allclose(got_array, expected_array, atol=atol, rtol=rtol):
         return
     elif got_array.ndim == 0:
-        message = f"{what}: expected {expected_array}, got {got_array}"
+        message = f"{what}: expected {float(expected_array):.4g}, got {float(got_array):.4g}"
     else:
-        worst = np.unravel_index(np.argmax(np.abs(got_array - expected_array)), got_array.shape)
-        message = (f"{what}: expected {expected_array[worst]}, got {got_array[worst]} at index "
-                   f"{tuple(int(i) for i in worst)}")
-    raise AssertionError(message + hint + (f"\n{inputs}" if inputs else ""))
+        wrong = ~np.isclose(got_array, expected_array, atol=atol, rtol=rtol)
+        first = tuple(int(i) for i in np.argwhere(wrong)[0])
+        difference = np.abs(got_array - expected_array)
+        largest = float(np.nanmax(difference)) if np.isfinite(difference).any() else float("nan")
+        message = (f"{what}: expected {expected_array[first]:.4g}, got {got_array[first]:.4g} at index "
+                   f"{first if len(first) > 1 else first[0]} (the first of {int(wrong.sum())} wrong values out of "
+                   f"{wrong.size}; largest difference {largest:.3g})")
+    raise AssertionError(message + _hint_line(hint) + (f"\n{inputs}" if inputs else ""))
+
+
+def _hint_line(hint: str) -> str:
+    """A checker's hint ``" (you divided by ...)"`` on a line of its own: ``likely cause: you divided by ...``."""
+    text = hint.strip()
+    if not text or hint.startswith("\n"):
+        return hint
+    if text.startswith("(") and text.endswith(")"):
+        text = text[1:-1]
+    return f"\n  likely cause: {text}"
 
 
 def assert_inputs_unchanged(before: dict, after: dict, inputs: str | Callable[[], str]) -> None:
@@ -43,7 +165,7 @@ def call_reader(fn: Callable, args: tuple, inputs: str | Callable[[], str], kwar
     shows the trial's ``inputs`` (a string, or a function that builds it), chained to the original traceback.
 
     ``NotImplementedError`` passes through unchanged: it is the stub of an exercise not attempted yet (the student
-    edition's stubs raise it), not a bug that depends on the inputs.
+    edition's stubs raise it), not a bug that depends on the inputs; :func:`checker` turns it into one line.
     """
     try:
         return fn(*args, **(kwargs or {}))
@@ -52,8 +174,7 @@ def call_reader(fn: Callable, args: tuple, inputs: str | Callable[[], str], kwar
     except Exception as error:  # noqa: BLE001 - any crash of the reader's code is reported with its inputs
         shown = inputs() if callable(inputs) else inputs
         raise AssertionError(
-            f"your function raised {type(error).__name__}: {error}\n"
-            f"(its traceback is printed above this message)\n{shown}"
+            f"your function raised {type(error).__name__}: {error}\n{shown}"
         ) from error
 
 

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import assert_close, call_reader
+from rlbook.exercises._compare import assert_close, call_reader, checker
 from rlbook.tasks.shaping import soft_overlong_penalty
 
 _SEED = 20250318
@@ -41,6 +41,7 @@ def reference_informative_groups(rewards, num_generations: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------- checkers
+@checker
 def check_soft_overlong_penalty(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(lengths, max_length, cache_length) -> (B,)`` with DAPO's soft overlong punishment, on random
     budgets and lengths that include both knots ``L_max - L_cache`` and ``L_max``."""
@@ -69,6 +70,7 @@ def check_soft_overlong_penalty(fn: Callable, num_trials: int = NUM_TRIALS, seed
     print("ok")
 
 
+@checker
 def check_informative_groups(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(rewards, num_generations) -> (N,) bool`` with "not all rewards of the group are equal", on 0/1,
     +-1 and real-valued rewards (the trainer filters on the task's rewards, before any shaping)."""

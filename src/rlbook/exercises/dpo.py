@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import assert_close, call_reader
+from rlbook.exercises._compare import assert_close, call_reader, checker
 
 _SEED = 20251010
 NUM_TRIALS = 200
@@ -42,6 +42,7 @@ def _random_logps(rng: np.random.Generator):
     return [torch.as_tensor(x) for x in logps], beta
 
 
+@checker
 def check_dpo_loss(fn: Callable) -> None:
     """Compare ``fn(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta)`` and its gradients
     with :func:`rlbook.objectives.dpo_loss` (``loss_type="sigmoid"``)."""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import assert_close, call_reader
+from rlbook.exercises._compare import assert_close, call_reader, checker
 
 if TYPE_CHECKING:
     import torch
@@ -75,6 +75,7 @@ def _hint(got: np.ndarray, advantages: np.ndarray, mask: np.ndarray, loss_type: 
 
 
 # ---------------------------------------------------------------------------------------------- checker
+@checker
 def check_token_weights(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(advantages, mask, loss_type, max_completion_length) -> (B, T)`` with the per-token weights
     of ``"grpo"``, ``"dapo"`` and ``"dr_grpo"`` on random batches."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Callable
 
-from rlbook.exercises._compare import call_reader
+from rlbook.exercises._compare import call_reader, checker
 
 START = "grpo"
 
@@ -33,6 +33,7 @@ GOALS = {
 }
 
 
+@checker
 def check_family_changes(answers: dict | Callable[[str], dict]) -> None:
     """Check the reader's overrides of the ``"grpo"`` preset for every goal in :data:`GOALS`; prints ``ok``.
 

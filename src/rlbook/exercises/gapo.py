@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import call_reader
+from rlbook.exercises._compare import call_reader, checker
 
 _SEED = 20251130
 NUM_TRIALS = 200
@@ -39,6 +39,7 @@ def _case(rng: np.random.Generator):
     return prompts, references, samples
 
 
+@checker
 def check_gan_pairs(fn: Callable) -> None:
     """Compare ``fn(prompts, references, samples)`` with :func:`reference_gan_pairs` on random cases."""
     rng = np.random.default_rng(_SEED)

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import assert_close, assert_inputs_unchanged, call_reader
+from rlbook.exercises._compare import assert_close, assert_inputs_unchanged, call_reader, checker
 
 _SEED = 20250813
 NUM_TRIALS = 200
@@ -75,6 +75,7 @@ def reference_keep(rewards, lengths, G: int, k: int, metric: str) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------- checker
+@checker
 def check_gfpo_advantages(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(rewards, lengths, num_generations, k, metric) -> (N*G,)`` with GFPO's filtered advantages on
     random groups: 0/1 and real rewards, lengths with ties, both metrics, and every k from 1 to G."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from rlbook.exercises._compare import checker
 from rlbook.exercises.pg import _compare, _group_trials
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ def reference_grpo_advantages(rewards: torch.Tensor, num_generations: int) -> to
     return (centred / (std + EPS)).flatten().to(rewards.dtype)
 
 
+@checker
 def check_grpo_advantages(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(rewards, num_generations) -> (N*G,)`` with GRPO's group-normalised advantage on random groups."""
     for original, G, got, inputs in _group_trials(fn, num_trials, seed):
@@ -51,10 +53,26 @@ def check_grpo_advantages(fn: Callable, num_trials: int = NUM_TRIALS, seed: int 
             population = (centred / (groups.std(-1, unbiased=False, keepdim=True) + EPS)).flatten()
             with np.errstate(invalid="ignore", divide="ignore"):
                 bare = (centred / groups.std(-1, keepdim=True)).flatten()
-            if np.allclose(got.double().numpy(), population.numpy(), atol=1e-4, rtol=1e-4):
+            flat = original.double()
+            batch_z = [(flat - flat.mean()) / (flat.std(unbiased=unbiased) + EPS) for unbiased in (True, False)]
+            batch_std = (centred / (flat.std() + EPS)).flatten()
+            mine = got.double().numpy()
+
+            def matches(candidate, atol=1e-4):
+                return np.allclose(mine, candidate.numpy(), atol=atol, rtol=1e-4)
+
+            if np.allclose(mine, population.numpy(), atol=1e-4, rtol=1e-4):
                 hint = (" (you divided by the population std, 1/G inside the square root; GRPO's code uses the "
                         "sample std, 1/(G - 1): see erratum E8)")
-            elif np.allclose(got.double().numpy(), bare.numpy(), atol=1e-6, rtol=1e-6, equal_nan=True):
+            elif np.allclose(mine, bare.numpy(), atol=1e-6, rtol=1e-6, equal_nan=True):
                 hint = " (you divided by the std alone; the code divides by (std + 1e-4): see erratum E11)"
+            elif any(matches(z) for z in batch_z):
+                hint = (" (you normalised over the whole batch: one mean and one std for all N*G rewards; GRPO "
+                        "takes both inside each group of num_generations, e.g. rewards.view(-1, G).mean(-1))")
+            elif matches(batch_std):
+                hint = (" (you centred per group but divided by the batch's std, TRL's scale_rewards='batch'; "
+                        "here each group's own std is wanted)")
+            elif matches(centred.flatten()):
+                hint = " (you only centred the rewards, as Dr. GRPO does; GRPO also divides by the group's std + 1e-4)"
         _compare(got, expected, "GRPO advantage", inputs, hint)
     print("ok")

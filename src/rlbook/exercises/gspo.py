@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from rlbook.exercises._compare import checker
 from rlbook.exercises._ratio_loss import check_ratio_loss
 from rlbook.objectives import policy_loss
 
@@ -56,6 +57,7 @@ _HINTS = {
 
 
 # ---------------------------------------------------------------------------------------------- checker
+@checker
 def check_gspo_loss(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(logp, old_logp, advantages, mask, epsilon, epsilon_high)`` with GSPO's loss and its gradient
     in ``logp``, on random batches: one-token and long completions, ratios inside and outside GSPO's tiny clip

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import assert_close, call_reader
+from rlbook.exercises._compare import assert_close, call_reader, checker
 
 _SEED = 20251008
 NUM_TRIALS = 200
@@ -55,6 +55,7 @@ def _numpy_weights(groups: np.ndarray, lam: float, r: float, ddof: int) -> np.nd
     return groups.shape[1] * e / e.sum(-1, keepdims=True)
 
 
+@checker
 def check_lambda_grpo_weights(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(lengths, num_generations, lam, r) -> (N*G,)`` with λ-GRPO's weights f on random groups."""
     import torch

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import as_tensor, assert_close, call_reader
+from rlbook.exercises._compare import as_tensor, assert_close, call_reader, checker
 
 if TYPE_CHECKING:
     import torch
@@ -130,12 +130,32 @@ def _random_logits(rng: np.random.Generator) -> tuple[torch.Tensor, float]:
 
 # ---------------------------------------------------------------------------------------------- helpers
 def _compare(got: torch.Tensor, expected: torch.Tensor, what: str, inputs: str, atol: float, rtol: float,
-             nan_hint: str = "") -> None:
+             nan_hint: str = "", hint: str = "") -> None:
     if tuple(got.shape) != tuple(expected.shape):
         raise AssertionError(f"{what}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}\n{inputs}")
     if got.double().isnan().any():
         raise AssertionError(f"{what}: your result contains NaN{nan_hint}\n{inputs}")
-    assert_close(got.double().numpy(), expected.double().numpy(), what, atol=atol, rtol=rtol, inputs=inputs)
+    assert_close(got.double().numpy(), expected.double().numpy(), what, atol=atol, rtol=rtol, hint=hint,
+                 inputs=inputs)
+
+
+def _reduction_hint(got: torch.Tensor, token_logprobs: torch.Tensor, mask: torch.Tensor,
+                    expected: torch.Tensor) -> str:
+    """Name the usual mix-ups of a masked sum and a masked mean over each row's tokens."""
+    kept = token_logprobs.double().where(mask.bool(), 0.0)
+    total, count = kept.sum(-1), mask.double().sum(-1)
+    candidates = {
+        "a sum over the tokens where a mean was asked for": total,
+        "a mean over the tokens where a sum was asked for": total / count,
+        "divided by the padded length T, not by each row's own token count": total / mask.shape[-1],
+        "divided by the batch's token count, not by each row's own": total / count.sum(),
+    }
+    mine = got.double().numpy()
+    for what, candidate in candidates.items():
+        if not np.allclose(candidate.numpy(), expected.double().numpy(), atol=1e-4, rtol=1e-5) \
+                and np.allclose(mine, candidate.numpy(), atol=1e-4, rtol=1e-5):
+            return f" (yours is {what})"
+    return ""
 
 
 def _unchanged(before: torch.Tensor, after: torch.Tensor, name: str, inputs: str) -> None:
@@ -150,6 +170,7 @@ def _unchanged(before: torch.Tensor, after: torch.Tensor, name: str, inputs: str
 
 
 # ---------------------------------------------------------------------------------------------- checkers
+@checker
 def check_completion_mask_from_ids(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(completion_ids, eos_id) -> (B, T) long mask`` with the reference on random batches."""
     import torch
@@ -189,13 +210,16 @@ def _check_masked_reduction(fn: Callable, reference: Callable, what: str, num_tr
         got = as_tensor(call_reader(fn, (token_logprobs, mask), inputs), "a (B,) torch tensor", inputs)
         _unchanged(originals[0], token_logprobs, "token_logprobs", inputs)
         _unchanged(originals[1], mask, "completion_mask", inputs)
-        _compare(got, reference(*originals), what, inputs, atol=1e-4, rtol=1e-5,
+        expected = reference(*originals)
+        hint = _reduction_hint(got, originals[0], originals[1], expected) if got.shape == expected.shape else ""
+        _compare(got, expected, what, inputs, atol=1e-4, rtol=1e-5, hint=hint,
                  nan_hint=" (the log-probs past the mask hold NaN or inf: leave them out with "
                           "token_logprobs.where(mask.bool(), 0.0); multiplying by the mask is not enough, "
                           "0 * nan = 0 * inf = nan)")
     print("ok")
 
 
+@checker
 def check_sequence_logprob(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(token_logprobs, completion_mask) -> (B,)`` (masked sum) with the reference.
 
@@ -204,6 +228,7 @@ def check_sequence_logprob(fn: Callable, num_trials: int = NUM_TRIALS, seed: int
     _check_masked_reduction(fn, reference_sequence_logprob, "sequence log-prob (masked sum)", num_trials, seed)
 
 
+@checker
 def check_mean_token_logprob(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(token_logprobs, completion_mask) -> (B,)`` (masked mean over each row's tokens) with the
     reference. Every row has at least one completion token."""
@@ -211,6 +236,7 @@ def check_mean_token_logprob(fn: Callable, num_trials: int = NUM_TRIALS, seed: i
                             num_trials, seed + 1)
 
 
+@checker
 def check_entropy_at_temperature(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(logits, temperature) -> (...)`` (entropy in nats over the last axis) with the reference.
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import assert_close, call_reader
+from rlbook.exercises._compare import assert_close, call_reader, checker
 from rlbook.tabular.mdp import FiniteMDP
 from rlbook.tabular.planning import bellman_expectation_operator, policy_evaluation, q_from_v
 
@@ -82,8 +82,8 @@ def _describe(checker: str, seed: int, case: int, mdp: FiniteMDP, **extra) -> st
     )
     scalars = "".join(f", {name}={value!r}" for name, value in extra.items() if np.ndim(value) == 0)
     arrays = [(name, value) for name, value in extra.items() if np.ndim(value) > 0]
-    shown = _show("mdp.P[s, a, s']", mdp.P) + _show("mdp.R[s, a, s']", mdp.R)
-    shown += "".join(_show(name, value) for name, value in arrays)
+    shown = "".join(_show(name, value) for name, value in arrays)  # the reader's own inputs first, then the MDP
+    shown += _show("mdp.P[s, a, s']", mdp.P) + _show("mdp.R[s, a, s']", mdp.R)
     return head + scalars + shown
 
 
@@ -104,6 +104,7 @@ def _loose_tol(steps: list[float]) -> tuple[float, int] | None:
     return None
 
 
+@checker
 def check_iterative_policy_evaluation(fn: Callable, count: int = 30) -> None:
     """Check ``fn(mdp, policy, tol) -> V`` (shape ``(S,)``), iterative policy evaluation from ``V_0 = 0``.
 
@@ -154,6 +155,7 @@ def _loose_tol_diagnosis(case: int, got: np.ndarray, iterates: list, exact: np.n
     return head + f"yours differs at state {worst}: expected {expected[worst]:.6g}, got {got[worst]:.6g}"
 
 
+@checker
 def check_q_value_iteration_step(fn: Callable, count: int = 30) -> None:
     """Check ``fn(mdp, Q) -> T* Q`` (shape ``(S, A)``), one sweep of the Bellman optimality operator on Q.
 
@@ -198,6 +200,7 @@ def average_reward_reference(P: np.ndarray, R: np.ndarray) -> np.ndarray:
     return np.full(num_states, mu @ np.asarray(R, dtype=float))
 
 
+@checker
 def check_average_reward(fn: Callable, count: int = 30) -> None:
     """Check ``fn(P, R) -> lim_{gamma -> 1} (1 - gamma) V_gamma`` (shape ``(S,)``) on random Markov reward processes.
 

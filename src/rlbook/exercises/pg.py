@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import as_tensor, assert_close, call_reader
+from rlbook.exercises._compare import as_tensor, assert_close, call_reader, checker, show
 
 if TYPE_CHECKING:
     import torch
@@ -100,7 +100,8 @@ def _group_trials(fn: Callable, num_trials: int, seed: int):
     for trial in range(num_trials):
         rewards, G = _random_groups(rng)
         original = rewards.clone()
-        inputs = f"  inputs of trial {trial} (seed {seed}): num_generations={G}, rewards = {rewards.tolist()}"
+        inputs = (f"  inputs of trial {trial} (seed {seed}): num_generations={G}, rewards in {len(rewards) // G} "
+                  f"group(s) of {G} =\n{show(rewards.view(-1, G), limit=64)}")
         got = as_tensor(call_reader(fn, (rewards, G), inputs), "a (N*G,) float tensor", inputs)
         if not rewards.equal(original):
             raise AssertionError(f"your function changed rewards in place; work on a copy\n{inputs}")
@@ -115,6 +116,7 @@ def _compare(got: torch.Tensor, expected: torch.Tensor, what: str, inputs: str, 
 
 
 # ---------------------------------------------------------------------------------------------- checkers
+@checker
 def check_discounted_pg_weights(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(rewards, mask, gamma) -> (B, T)`` with ``gamma^t G_t`` (0 on padding) on random episodes."""
     import torch
@@ -138,6 +140,7 @@ def check_discounted_pg_weights(fn: Callable, num_trials: int = NUM_TRIALS, seed
     print("ok")
 
 
+@checker
 def check_leave_one_out_advantages(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(rewards, num_generations) -> (N*G,)`` with the leave-one-out advantage on random groups."""
     for original, G, got, inputs in _group_trials(fn, num_trials, seed):

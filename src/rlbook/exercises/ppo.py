@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import assert_close, call_reader, check_against_reference
+from rlbook.exercises._compare import assert_close, call_reader, check_against_reference, checker
 
 if TYPE_CHECKING:
     import torch
@@ -82,6 +82,7 @@ def _random_ratio_inputs(rng: np.random.Generator):
 
 
 # ---------------------------------------------------------------------------------------------- checkers
+@checker
 def check_gae_loop(fn: Callable) -> None:
     """Compare ``fn(rewards, values, mask, gamma, lam)`` with :func:`rlbook.objectives.gae` on random batches."""
     rng = np.random.default_rng(_SEED)
@@ -96,6 +97,7 @@ def check_gae_loop(fn: Callable) -> None:
     check_against_reference(fn, trials(), reference_gae, "the GAE advantages", atol=1e-9, rtol=1e-7)
 
 
+@checker
 def check_clipped_objective(fn: Callable) -> None:
     """Compare ``fn(ratio, advantages, epsilon)`` and its gradient in the ratio with the reference."""
     import torch

@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import assert_close, call_reader
+from rlbook.exercises._compare import assert_close, call_reader, checker
 from rlbook.tabular import epsilon_greedy_probs
 from rlbook.tabular.greedy import greedy_action
 
@@ -104,6 +104,7 @@ def _check_returned(
     )
 
 
+@checker
 def check_expected_sarsa_update(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = 0) -> None:
     """Compare ``fn(Q, s, a, r, s_next, alpha, gamma, epsilon, terminated=...)`` with the reference."""
     rng = np.random.default_rng(seed)
@@ -121,6 +122,7 @@ def check_expected_sarsa_update(fn: Callable, num_trials: int = NUM_TRIALS, seed
     print("ok")
 
 
+@checker
 def check_double_q_learning_update(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = 0) -> None:
     """Compare ``fn(Q1, Q2, s, a, r, s_next, alpha, gamma, update_first, terminated=...)`` with the reference."""
     rng = np.random.default_rng(seed)

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from rlbook.exercises._compare import assert_close, call_reader, check_against_reference
+from rlbook.exercises._compare import assert_close, call_reader, check_against_reference, checker
 
 _SEED = 20250909
 NUM_TRIALS = 200
@@ -76,6 +76,7 @@ def _random_pairs(rng: np.random.Generator):
 
 
 # ---------------------------------------------------------------------------------------------- checkers
+@checker
 def check_rlhf_token_rewards(fn: Callable) -> None:
     """Compare ``fn(scores, logp, ref_logp, mask, beta)`` with :func:`rlbook.objectives.rlhf_token_rewards`."""
     rng = np.random.default_rng(_SEED)
@@ -91,6 +92,7 @@ def check_rlhf_token_rewards(fn: Callable) -> None:
                             rtol=1e-7)
 
 
+@checker
 def check_bradley_terry_loss(fn: Callable) -> None:
     """Compare ``fn(chosen_rewards, rejected_rewards)`` and its gradients with the reference."""
     import torch

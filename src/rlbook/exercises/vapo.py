@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from rlbook.exercises._compare import assert_close, call_reader
+from rlbook.exercises._compare import assert_close, call_reader, checker
 from rlbook.objectives import gae, length_adaptive_lam
 
 _SEED = 20250412
@@ -43,6 +43,7 @@ def reference_decoupled_gae(rewards, values, mask, gamma: float, lam_policy, lam
 
 
 # ---------------------------------------------------------------------------------------------- checkers
+@checker
 def check_length_adaptive_lam(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(lengths, alpha) -> (B,)`` with VAPO's length-adaptive lambda, on lengths on both sides of
     ``1/alpha`` (where the unclamped formula is negative) and far beyond it."""
@@ -69,6 +70,7 @@ def check_length_adaptive_lam(fn: Callable, num_trials: int = NUM_TRIALS, seed: 
     print("ok")
 
 
+@checker
 def check_decoupled_gae(fn: Callable, num_trials: int = NUM_TRIALS, seed: int = _SEED) -> None:
     """Compare ``fn(rewards, values, mask, gamma, lam_policy, lam_critic) -> (advantages, returns)`` with GAE run
     twice (the policy's per-row lambda for the advantages, the critic's lambda for the returns), on right-padded
