@@ -18,7 +18,9 @@ network port). For each page it checks that
   about: URLs; http(s) and ws(s) requests are blocked, logged and reported);
 * at a 1280-px-wide laptop viewport nothing scrolls sideways or is cut off: no code or output box, display
   equation, inline formula or table is wider than its box, code is drawn at 13 px or more and the widest
-  code box holds 100 characters a line (the book's line-length rule for visible code);
+  code box holds 100 characters a line (the book's line-length rule for visible code); closed dropdowns are
+  opened first, since a reader opens them;
+* at both widths no comma, full stop or bracket that follows an inline formula starts a line of its own;
 * at a 390-px-wide phone viewport nothing is wider than the page: wide content (display equations, tables,
   code) may scroll inside its own box but neither widens the page nor is clipped, and equation numbers do
   not cover their formula;
@@ -481,6 +483,18 @@ JS_LAYOUT = r"""
         out.faults.push(`${describe(el)} cuts off ${Math.round(o)} px of its content (it hides its overflow)`);
       }
     }
+  }
+  // Punctuation that follows an inline formula must not start a line of its own (_ext/rlbook_html.py keeps
+  // them together); judged where the text was laid out, so only on lines that actually broke there.
+  let strays = 0;
+  for (const math of document.querySelectorAll('span.math')) {
+    const next = math.nextSibling;
+    if (!next || next.nodeType !== 3 || !/^[,.;:!?)\]]/.test(next.data) || !math.getClientRects().length) continue;
+    const range = document.createRange();
+    range.setStart(next, 0); range.setEnd(next, 1);
+    const p = range.getBoundingClientRect(), m = math.getBoundingClientRect();
+    if (p.height > 0 && p.top >= m.bottom - 2 && strays++ < 5)
+      out.faults.push(`"${next.data[0]}" after the formula "${math.textContent.replace(/\s+/g, ' ').trim().slice(0, 40)}" starts a new line`);
   }
   // Equation numbers must not cover the visible part of their formula.
   const visibleRect = el => {

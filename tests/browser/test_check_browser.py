@@ -42,7 +42,8 @@ HEAD = """<!DOCTYPE html><html><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <script>MathJax = {options: {processHtmlClass: 'math'}};</script>
 <script defer src="_static/mathjax/tex-chtml.js"></script>
-<style>body { font-family: sans-serif; margin: 8px; } div.math mjx-container { overflow-x: auto; }</style>
+<style>body { font-family: sans-serif; margin: 8px; } div.math mjx-container { overflow-x: auto; }
+span.math { display: inline-flex; } span.rlbook-nowrap { white-space: nowrap; }</style>
 <title>%s</title></head><body><main><article>
 """
 TAIL = "</article></main></body></html>\n"
@@ -59,6 +60,7 @@ to <a href="#top">the top</a> and to <a href="https://example.org/paper">a paper
 <div style="overflow-x: auto"><table><tr><td>""" + "wide_cell_" * 8 + """</td></tr></table></div>
 <div class="highlight"><pre style="overflow-x: auto; font-size: 14px; padding: 16px">""" + "long_code_line = 1; " * 5 + """</pre></div>
 <p>MyST source shown as code is not a fault: <code>{eq}`eq-ppo-clip`</code>, <code>\\frac{a}{b}</code>.</p>
+<p style="width: 102px">Words <span class="rlbook-nowrap"><span class="math" style="display: inline-block; width: 100px">x</span>,</span> more.</p>
 <p>强化学习 (reinforcement learning)</p>""",
     "other.html": """<h1 id="sec">Other</h1><p>Nothing here.</p>""",
     # a broken $$ formula: MathJax shows an error instead of the formula
@@ -101,6 +103,8 @@ to <a href="#top">the top</a> and to <a href="https://example.org/paper">a paper
     "wide_in_dropdown.html": """<details><summary>Solution</summary>
 <div class="highlight"><pre style="overflow-x: auto">""" + "y = 2; " * 30 + """</pre></div>
 <div class="math">\\[""" + " + ".join(f"c_{{{i}}} d_{{{i}}}" for i in range(80)) + """\\]</div></details>""",
+    # a comma after an inline formula (an inline box, as the theme draws it) that wraps onto a line of its own
+    "stray_comma.html": """<p style="width: 102px">Words <span class="math" style="display: inline-block; width: 100px">x</span>, more.</p>""",
     # code too small to read, in a column too narrow for 100 characters
     "narrow_code.html": """<div style="width: 500px"><div class="highlight"><pre style="font-size: 12px">x = 1</pre></div></div>""",
 }
@@ -246,6 +250,8 @@ def test_cjk_text_is_checked_for_a_real_font(results):
     ("wide_in_dropdown.html", "at 1280 px: code box scrolls sideways"),
     ("wide_in_dropdown.html", "at 1280 px: display equation wider than the column (it scrolls): "),
     ("wide_in_dropdown.html", "c_{0} d_{0} + c_{1} d_{1}"),
+    ("stray_comma.html", "at 1280 px: \",\" after the formula"),
+    ("stray_comma.html", "starts a new line"),
     ("narrow_code.html", "at 1280 px: code is drawn at 12 px"),
     ("narrow_code.html", "characters a line: 100 must fit"),
 ])
