@@ -14,8 +14,9 @@ MyST-NB's glue or of Sphinx's cross-references. In the reader copy (``_build/rea
   ("Chapter 5 (PPO)", "Figure 6.1", "(6.2)", "Exercise 1.3", "Algorithm 6.1"; chapters numbered in ``_toc.yml``
   order, figures, equations, exercises and each kind of proof block counted per chapter) and ``{cite:t}`` /
   ``{cite:p}`` as author-year text from ``references.bib``;
-- each chapter's title carries its number, and a first cell of front matter makes jupyterlab-myst number the
-  equations, exercises and algorithms as the book does ("6.1");
+- each chapter's title carries its number, and front matter in its first cell makes jupyterlab-myst number the
+  equations, exercises and algorithms as the book does ("6.1"); display math without a label (``$$``) becomes
+  an unnumbered ``{math}`` directive, since jupyterlab-myst would number it and the book does not;
 - code cells are kept (the hidden ones still run: they compute what the text glues), collapsed where the book
   hides them (``remove-cell``/``remove-input``/``remove-output``), and the glue records are dropped from their
   outputs (JupyterLab has no renderer for them).
@@ -566,6 +567,19 @@ def transform_markdown(source: str, ctx: Context) -> str:
                 open_fences.append(directive["fence"])
             i += 1
             continue
+        if stripped.startswith("$$"):  # display math: unnumbered unless labelled, as in the book
+            end = i
+            while end < len(lines) and not (lines[end].rstrip().endswith("$$") and (end > i or len(stripped) > 2)) \
+                    and not _DOLLAR_LABEL.search(lines[end]):
+                end += 1
+            block = lines[i:end + 1]
+            if end < len(lines) and not _DOLLAR_LABEL.search(lines[end]):
+                body = "\n".join(block).strip()[2:-2].strip()
+                marks = "```" if open_fences and open_fences[-1][0] == ":" else ":::"
+                indent = line[:len(line) - len(line.lstrip())]
+                plain += [f"{indent}{marks}{{math}}", f"{indent}:enumerated: false", body, f"{indent}{marks}"]
+                i = end + 1
+                continue
         if fence:  # a fenced code block: copied unchanged
             end = _closing(lines, i, fence["fence"])
             flush()

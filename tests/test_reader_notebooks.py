@@ -215,3 +215,13 @@ def test_literalinclude_options(tmp_path):
     assert code.strip().startswith("def n") and first == 15
     code, _, first, last = make_reader.literal_include("/src/pkg/mod.py", {"lines": "1,5-6"}, tmp_path)
     assert code == "import os\ndef f(x):\n    '''Doc.'''" and (first, last) == (1, 6)
+
+
+def test_display_math_without_a_label_is_not_numbered():
+    """jupyterlab-myst numbers every display equation; the book numbers only labelled ones, so the reader copy
+    turns `$$ ... $$` into an unnumbered math directive (and keeps `$$ ... $$ (label)` as it is)."""
+    nb = _notebook("Text\n\n$$\na = b\n$$\n\nmore\n\n$$\nc\n$$ (eq-c)\n\n```{admonition} A\n$$ d $$\n```")
+    text = make_reader.reader_notebook(nb, _index(), "notebooks/x").cells[2].source
+    assert ":::{math}\n:enumerated: false\na = b\n:::" in text
+    assert "$$\nc\n$$ (eq-c)" in text
+    assert ":::{math}\n:enumerated: false\nd\n:::" in text
