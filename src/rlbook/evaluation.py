@@ -1,0 +1,201 @@
+"""Low-noise held-out evaluation: several samples per prompt on many prompts, and intervals from scipy.
+
+One sample per prompt on a few hundred prompts measures accuracy with a standard error of 2-3 points, as large
+as most effects the book looks for. :func:`evaluate_policy` instead samples ``k`` completions for each of many
+held-out prompts (1,000 or more in an experiment) and keeps every verdict, so that
+
+- the **expected accuracy** (mean correctness over all ``P * k`` samples) has the sampling noise of ``P * k``
+  draws, and its interval can be taken over prompts (:func:`prompt_interval`, a scipy bootstrap);
+- pass@k, the mean length of the correct and of the wrong answers, the token entropy of the sampling
+  distribution and the number of *distinct* correct answers per prompt come from the same samples.
+
+Arms of an experiment are compared on **paired seeds**: the same held-out prompts and the same sampling stream
+(``seed``) for every arm, so that the difference between two arms is not diluted by which prompts or random
+numbers each drew. :func:`paired_difference` gives the interval of such a difference over training seeds and
+:func:`seeds_needed` how many seeds an effect of a given size needs, from a pilot's per-seed spread.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rlbook.lm import autocast
+from rlbook.rollout import generate_rollouts
+from rlbook.tasks.base import Task, check_int
+from rlbook.tasks.evaluate import pass_at_k
+
+
+@dataclass(frozen=True)
+class PolicyEvaluation:
+    """Every verdict of :func:`evaluate_policy`, one row per prompt and one column per sample.
+
+    Attributes:
+        correct: ``(P, k)`` bool, the task's verdict on each sample.
+        lengths: ``(P, k)`` int, completion tokens of each sample (up to and including EOS).
+        truncated: ``(P, k)`` bool, the sample hit the token budget.
+        entropy_sum: ``(P, k)`` float, the sum over the sample's tokens of the entropy (nats) of the sampling
+            distribution at that token.
+        distinct_correct: ``(P,)`` int, how many different correct completions (as text) each prompt got.
+    """
+
+    correct: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+    entropy_sum: np.ndarray
+    distinct_correct: np.ndarray
+
+    @property
+    def num_prompts(self) -> int:
+        return self.correct.shape[0]
+
+    @property
+    def samples_per_prompt(self) -> int:
+        return self.correct.shape[1]
+
+    def per_prompt_accuracy(self) -> np.ndarray:
+        """``(P,)`` fraction of each prompt's samples that are correct."""
+        return self.correct.mean(axis=1)
+
+    def expected_accuracy(self) -> float:
+        """Mean correctness over all ``P * k`` samples: the expected accuracy of one sample."""
+        return float(self.correct.mean())
+
+    def pass_at(self, k: int) -> float:
+        """Mean over prompts of the unbiased pass@k (Chen et al., 2021), ``k <= samples_per_prompt``."""
+        n = np.full(self.num_prompts, self.samples_per_prompt)
+        return float(pass_at_k(n, self.correct.sum(axis=1), k).mean())
+
+    def mean_length(self, which: str = "all") -> float:
+        """Mean completion length in tokens of ``"all"``, the ``"correct"`` or the ``"wrong"`` samples (NaN if
+        there are none of that kind)."""
+        masks = {"all": np.ones_like(self.correct), "correct": self.correct, "wrong": ~self.correct}
+        if which not in masks:
+            raise ValueError(f"which must be one of {sorted(masks)}, got {which!r}")
+        chosen = self.lengths[masks[which]]
+        return float(chosen.mean()) if chosen.size else float("nan")
+
+    def token_entropy(self) -> float:
+        """Mean entropy (nats) of the sampling distribution over every sampled token (TRL's ``entropy``)."""
+        return float(self.entropy_sum.sum() / max(int(self.lengths.sum()), 1))
+
+    def summary(self, ks=(1, 8)) -> dict[str, float]:
+        """The headline numbers as a flat dict (pass@k for each ``k`` in ``ks`` that the samples allow)."""
+        out = {
+            "expected_accuracy": self.expected_accuracy(),
+            "mean_length": self.mean_length("all"),
+            "mean_length_correct": self.mean_length("correct"),
+            "mean_length_wrong": self.mean_length("wrong"),
+            "truncated_fraction": float(self.truncated.mean()),
+            "entropy": self.token_entropy(),
+            "distinct_correct": float(self.distinct_correct.mean()),
+        }
+        for k in ks:
+            if k <= self.samples_per_prompt:
+                out[f"pass@{k}"] = self.pass_at(k)
+        return out
+
+
+@torch.no_grad()
+def evaluate_policy(model, tokenizer, task: Task, examples, *, num_samples: int = 8, max_new_tokens: int,
+                    temperature: float = 1.0, seed: int = 0, prompts_per_batch: int = 64) -> PolicyEvaluation:
+    """Sample ``num_samples`` completions for each example and score them with the task's rule.
+
+    Deterministic given ``seed`` on a given machine: chunk ``j`` of ``prompts_per_batch`` prompts is sampled with
+    the stream ``(seed, j)``, so two policies evaluated with the same examples and seed see the same prompts and
+    the same random numbers (paired evaluation). Runs where the model is, under bf16 autocast on a CUDA GPU.
+
+    Args:
+        examples: the held-out examples (``task.sample(n, seed=..., split="test")``), at least one.
+        num_samples: ``k``, samples per prompt (8 gives pass@8 and cuts the sampling noise of the accuracy by
+            up to sqrt(8)).
+        max_new_tokens: the completion budget.
+    Returns a :class:`PolicyEvaluation`.
+    """
+    examples = list(examples)
+    if not examples:
+        raise ValueError("evaluate_policy needs at least one example")
+    k = check_int(num_samples, "num_samples", minimum=1)
+    chunk = check_int(prompts_per_batch, "prompts_per_batch", minimum=1)
+    seed = check_int(seed, "seed", minimum=0)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    correct, lengths, truncated, entropy_sum, distinct = [], [], [], [], []
+    try:
+        for j, start in enumerate(range(0, len(examples), chunk)):
+            part = examples[start:start + chunk]
+            generator = torch.Generator(device=device).manual_seed(int(np.random.SeedSequence((seed, j))
+                                                                       .generate_state(1)[0]))
+            with autocast(device):
+                batch = generate_rollouts(model, tokenizer, [e.prompt for e in part], num_generations=k,
+                                          max_new_tokens=max_new_tokens, temperature=temperature,
+                                          seed=generator)
+            texts = batch.decode_completions(tokenizer)
+            flags = batch.truncated.cpu().numpy()
+            repeated = [e for e in part for _ in range(k)]  # rows are prompt-major: G rows per prompt
+            verdicts = np.array([task.is_correct(e, t, bool(f)) for e, t, f in zip(repeated, texts, flags)])
+            correct.append(verdicts.reshape(len(part), k))
+            lengths.append(batch.lengths.cpu().numpy().reshape(len(part), k))
+            truncated.append(flags.reshape(len(part), k))
+            entropy_sum.append(batch.entropies.float().sum(-1).cpu().numpy().reshape(len(part), k))
+            distinct += [len({t for t, ok in zip(texts[i * k:(i + 1) * k], verdicts[i * k:(i + 1) * k]) if ok})
+                         for i in range(len(part))]
+    finally:
+        model.train(was_training)
+    return PolicyEvaluation(correct=np.concatenate(correct).astype(bool), lengths=np.concatenate(lengths),
+                            truncated=np.concatenate(truncated).astype(bool),
+                            entropy_sum=np.concatenate(entropy_sum), distinct_correct=np.array(distinct))
+
+
+def prompt_interval(values, confidence: float = 0.95, seed: int = 0, n_resamples: int = 2000):
+    """Mean of per-prompt ``values`` (e.g. ``per_prompt_accuracy()``) and its bootstrap interval over prompts
+    (``scipy.stats.bootstrap``, BCa), ``(mean, low, high)``: the evaluation noise of one trained policy."""
+    from scipy import stats
+
+    values = np.asarray(values, dtype=float)
+    if values.ndim != 1 or values.size < 2:
+        raise ValueError(f"prompt_interval needs a 1-D array of at least 2 per-prompt values, got {values.shape}")
+    if not np.isfinite(values).all():
+        raise ValueError("prompt_interval got NaN or infinite values")
+    mean = float(values.mean())
+    if np.all(values == values[0]):
+        return mean, mean, mean
+    result = stats.bootstrap((values,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
+                             random_state=np.random.default_rng(seed))
+    return mean, float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def paired_difference(baseline, fix, confidence: float = 0.95):
+    """Mean of ``fix - baseline`` over paired training seeds and its Student-t interval (scipy),
+    ``(mean, low, high)``: both arrays hold one number per seed, seed ``i`` of each arm trained and evaluated
+    with the same seed. The interval is the mean itself for a single seed."""
+    from rlbook.experiment import mean_interval
+
+    baseline, fix = np.asarray(baseline, dtype=float), np.asarray(fix, dtype=float)
+    if baseline.shape != fix.shape or baseline.ndim != 1 or baseline.size == 0:
+        raise ValueError(f"baseline and fix must be 1-D arrays of one value per seed of the same length, got "
+                         f"shapes {baseline.shape} and {fix.shape}")
+    if not (np.isfinite(baseline).all() and np.isfinite(fix).all()):
+        raise ValueError("paired_difference got NaN or infinite values")
+    return mean_interval(fix - baseline, confidence)
+
+
+def seeds_needed(seed_sd: float, effect: float, alpha: float = 0.05, power: float = 0.8) -> int:
+    """Paired seeds needed to detect a mean difference ``effect`` when the per-seed difference has standard
+    deviation ``seed_sd`` (from a pilot), two-sided level ``alpha``, with probability ``power``:
+    ``ceil(((z_{1-alpha/2} + z_power) * sd / effect) ** 2)`` (the normal approximation; about
+    ``(2.8 sd / effect)^2`` at the defaults), and at least 2."""
+    from scipy import stats
+
+    if not (seed_sd > 0 and math.isfinite(seed_sd)):
+        raise ValueError(f"seed_sd must be a positive finite number, got {seed_sd}")
+    if not (effect != 0 and math.isfinite(effect)):
+        raise ValueError(f"effect must be a non-zero finite number, got {effect}")
+    if not (0 < alpha < 1 and 0 < power < 1):
+        raise ValueError(f"alpha and power must lie in (0, 1), got {alpha} and {power}")
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+    return max(2, math.ceil((z * seed_sd / abs(effect)) ** 2))

@@ -1,0 +1,120 @@
+"""rlbook.evaluation: k samples per prompt, paired streams, and intervals that agree with scipy's."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from rlbook.checkpoints import RECIPES, load_base_policy
+from rlbook.evaluation import PolicyEvaluation, evaluate_policy, paired_difference, prompt_interval, seeds_needed
+from rlbook.rollout import generate_rollouts
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def arithmetic():
+    model, tokenizer = load_base_policy("arithmetic")
+    task = RECIPES["arithmetic"].make_task()
+    examples = task.sample(12, seed=np.random.default_rng(7), split="test")
+    return model, tokenizer, task, examples
+
+
+def test_every_verdict_is_the_tasks_and_the_entropy_is_the_samplers(arithmetic):
+    model, tokenizer, task, examples = arithmetic
+    result = evaluate_policy(model, tokenizer, task, examples, num_samples=4, max_new_tokens=8, seed=3,
+                             prompts_per_batch=5)
+    assert result.correct.shape == result.lengths.shape == result.entropy_sum.shape == (12, 4)
+    assert result.distinct_correct.shape == (12,)
+    # chunk 0 redone by hand with the same stream: the same texts, verdicts, lengths and entropies
+    generator = torch.Generator().manual_seed(int(np.random.SeedSequence((3, 0)).generate_state(1)[0]))
+    batch = generate_rollouts(model, tokenizer, [e.prompt for e in examples[:5]], num_generations=4,
+                              max_new_tokens=8, seed=generator)
+    texts = batch.decode_completions(tokenizer)
+    repeated = [e for e in examples[:5] for _ in range(4)]
+    verdicts = [task.is_correct(e, t, bool(f)) for e, t, f in zip(repeated, texts, batch.truncated.tolist())]
+    assert result.correct[:5].ravel().tolist() == verdicts
+    assert result.lengths[:5].ravel().tolist() == batch.lengths.tolist()
+    np.testing.assert_allclose(result.entropy_sum[:5].ravel(), batch.entropies.sum(-1).numpy(), rtol=1e-6)
+    for i in range(5):
+        right = {t for t, ok in zip(texts[4 * i:4 * i + 4], verdicts[4 * i:4 * i + 4]) if ok}
+        assert result.distinct_correct[i] == len(right)
+    # consistency of the summaries
+    assert result.pass_at(1) == pytest.approx(result.expected_accuracy())
+    assert result.pass_at(4) >= result.pass_at(1)
+    assert result.token_entropy() == pytest.approx(result.entropy_sum.sum() / result.lengths.sum())
+    assert (result.distinct_correct <= result.correct.sum(1)).all()
+
+
+def test_the_same_seed_gives_the_same_samples_and_another_seed_others(arithmetic):
+    model, tokenizer, task, examples = arithmetic
+    runs = [evaluate_policy(model, tokenizer, task, examples, num_samples=4, max_new_tokens=8, seed=s)
+            for s in (1, 1, 2)]
+    np.testing.assert_array_equal(runs[0].lengths, runs[1].lengths)
+    np.testing.assert_array_equal(runs[0].correct, runs[1].correct)
+    assert not np.array_equal(runs[0].entropy_sum, runs[2].entropy_sum)
+    assert not model.training
+
+
+def test_summaries_of_a_hand_made_evaluation():
+    correct = np.array([[True, False, False, False], [True, True, False, True]])
+    lengths = np.array([[4, 10, 12, 14], [6, 8, 20, 10]])
+    result = PolicyEvaluation(correct=correct, lengths=lengths, truncated=np.zeros_like(correct),
+                              entropy_sum=lengths * 0.5, distinct_correct=np.array([1, 2]))
+    assert result.expected_accuracy() == pytest.approx(4 / 8)
+    assert result.mean_length("correct") == pytest.approx((4 + 6 + 8 + 10) / 4)
+    assert result.mean_length("wrong") == pytest.approx((10 + 12 + 14 + 20) / 4)
+    # pass@2: 1 - C(3,2)/C(4,2) = 1/2 for the first prompt, 1 - C(1,2)/C(4,2) = 1 for the second
+    assert result.pass_at(2) == pytest.approx(0.75)
+    assert result.token_entropy() == pytest.approx(0.5)
+    summary = result.summary(ks=(1, 2, 8))
+    assert "pass@8" not in summary and summary["pass@2"] == pytest.approx(0.75)
+    assert summary["distinct_correct"] == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="which must be one of"):
+        result.mean_length("right")
+
+
+def test_prompt_interval_is_scipys_bootstrap_and_rejects_bad_input():
+    values = np.random.default_rng(0).random(200)
+    mean, low, high = prompt_interval(values, seed=4)
+    expected = stats.bootstrap((values,), np.mean, random_state=np.random.default_rng(4), n_resamples=2000)
+    assert low == pytest.approx(expected.confidence_interval.low)
+    assert high == pytest.approx(expected.confidence_interval.high)
+    assert low < mean < high and mean == pytest.approx(values.mean())
+    assert prompt_interval(np.ones(5)) == (1.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="NaN"):
+        prompt_interval(np.array([0.1, np.nan, 0.3]))
+    with pytest.raises(ValueError, match="at least 2"):
+        prompt_interval(np.array([0.5]))
+
+
+def test_paired_difference_is_the_t_interval_of_the_per_seed_differences():
+    baseline, fix = np.array([0.50, 0.52, 0.47, 0.55, 0.51]), np.array([0.56, 0.55, 0.50, 0.61, 0.53])
+    mean, low, high = paired_difference(baseline, fix)
+    d = fix - baseline
+    expected = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+    assert mean == pytest.approx(d.mean()) and (low, high) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="one value per seed"):
+        paired_difference(baseline, fix[:4])
+    with pytest.raises(ValueError, match="NaN"):
+        paired_difference(baseline, np.array([0.5, np.nan, 0.5, 0.5, 0.5]))
+
+
+def test_seeds_needed_follows_the_power_formula():
+    assert seeds_needed(1.0, 1.0) == math.ceil((stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) ** 2) == 8
+    assert seeds_needed(0.02, 0.01) == math.ceil((2.8016 * 2) ** 2)  # halving the effect quadruples the seeds
+    assert seeds_needed(0.001, 1.0) == 2
+    for bad in ({"seed_sd": 0.0, "effect": 1.0}, {"seed_sd": 1.0, "effect": 0.0},
+                {"seed_sd": 1.0, "effect": 1.0, "power": 1.0}):
+        with pytest.raises(ValueError):
+            seeds_needed(**bad)
+
+
+def test_bad_arguments_are_clear_errors(arithmetic):
+    model, tokenizer, task, examples = arithmetic
+    with pytest.raises(ValueError, match="at least one example"):
+        evaluate_policy(model, tokenizer, task, [], max_new_tokens=8)
+    with pytest.raises(ValueError, match="num_samples"):
+        evaluate_policy(model, tokenizer, task, examples, num_samples=0, max_new_tokens=8)
