@@ -22,6 +22,25 @@ def _surname(person):
     return _plain(" ".join(person.prelast_names + person.last_names))
 
 
+def author_year(entry):
+    """``(who, year)`` of a pybtex entry: ("Bellman", "1957"), ("Sutton and Barto", "2018"), ("Schulman et al.",
+    "2017"); editors when there is no author, then the organization (or the key). The bibliography's labels and
+    the reader copy's citations (scripts/make_reader.py) both come from here."""
+    persons = entry.persons.get("author") or entry.persons.get("editor") or []
+    names = [_surname(person) for person in persons]
+    if "others" in names[1:]:        # "and others" in the .bib: more authors than listed
+        names = names[:1] + ["", ""]
+    if not names:
+        who = _plain(entry.fields.get("organization", entry.key))
+    elif len(names) == 1:
+        who = names[0]
+    elif len(names) == 2:
+        who = f"{names[0]} and {names[1]}"
+    else:
+        who = f"{names[0]} et al."
+    return who, entry.fields.get("year", "n.d.")
+
+
 class AuthorYearLabelStyle(BaseLabelStyle):
     """Labels "A year", "A and B year", "A et al. year" (editors when there is no author)."""
 
@@ -36,19 +55,7 @@ class AuthorYearLabelStyle(BaseLabelStyle):
                 yield label + "abcdefghijklmnopqrstuvwxyz"[seen[label] - 1]
 
     def format_label(self, entry):
-        persons = entry.persons.get("author") or entry.persons.get("editor") or []
-        names = [_surname(person) for person in persons]
-        if "others" in names[1:]:        # "and others" in the .bib: more authors than listed
-            names = names[:1] + ["", ""]
-        if not names:
-            who = _plain(entry.fields.get("organization", entry.key))
-        elif len(names) == 1:
-            who = names[0]
-        elif len(names) == 2:
-            who = f"{names[0]} and {names[1]}"
-        else:
-            who = f"{names[0]} et al."
-        return f"{who} {entry.fields.get('year', 'n.d.')}"
+        return " ".join(author_year(entry))
 
 
 class AuthorYearStyle(UnsrtStyle):

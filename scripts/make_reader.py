@@ -7,13 +7,14 @@ MyST-NB's glue or of Sphinx's cross-references. In the reader copy (``_build/rea
 - ``{glue:text}`name:fmt``` (and ``{glue}``, ``{glue:md}``) is the value glued in the notebook's stored outputs,
   formatted as MyST-NB formats it; a ``{glue:figure}`` directive is the stored image (a Markdown image with a
   data URI) followed by "**Figure N.k.**" and its caption in italics; ``{glue:math}`` is the math;
-- a ``{literalinclude}`` is a fenced code block with the code it shows (``:pyobject:`` found with ``ast``;
-  ``:lines:``, ``:start-at:``/``:start-after:``, ``:end-at:``/``:end-before:``, ``:dedent:`` as Sphinx applies
-  them), under a one-line pointer to where it lives (``rlbook.objectives.policy_loss``, file and lines);
+- a ``{literalinclude}`` is a fenced code block with the code it shows (read by Sphinx's own
+  ``LiteralIncludeReader`` with the directive's options), under a one-line pointer to where it lives
+  (``rlbook.objectives.policy_loss``, file and lines);
 - ``{numref}``, ``{eq}``, ``{ref}``, ``{prf:ref}``, ``{term}``, ``{doc}`` read as the text the book prints
   ("Chapter 5 (PPO)", "Figure 6.1", "(6.2)", "Exercise 1.3", "Algorithm 6.1"; chapters numbered in ``_toc.yml``
   order, figures, equations, exercises and each kind of proof block counted per chapter) and ``{cite:t}`` /
-  ``{cite:p}`` as author-year text from ``references.bib``;
+  ``{cite:p}`` as author-year text from ``references.bib`` (names as the book's style ``_ext/rlbook_bibstyle.py``
+  gives them);
 - each chapter's title carries its number, and front matter in its first cell makes jupyterlab-myst number the
   equations, exercises and algorithms as the book does ("6.1"); display math without a label (``$$``) becomes
   an unnumbered ``{math}`` directive, since jupyterlab-myst would number it and the book does not;
@@ -30,13 +31,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import ast
 import re
 import sys
-import textwrap
 from ast import literal_eval
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import yaml
@@ -193,23 +193,15 @@ def index_document(index: Index, doc: str, text: str, chapter: int | None) -> No
 
 
 def read_citations(bib: Path) -> dict[str, tuple[str, str]]:
-    """``key -> (author text, year)`` for author-year citations: "Shao et al.", "Rafailov and Sharma"."""
+    """``key -> (author text, year)`` for author-year citations, from the book's own bibliography style
+    (``_ext/rlbook_bibstyle.py``): "Schulman et al.", "Rafailov and Sharma", "Bellman"."""
     from pybtex.database import parse_file
 
-    citations = {}
-    for key, entry in parse_file(str(bib)).entries.items():
-        people = entry.persons.get("author") or entry.persons.get("editor") or []
-        last = [" ".join(p.prelast_names + p.last_names).replace("{", "").replace("}", "") for p in people]
-        if not last:
-            authors = entry.fields.get("organization", key).replace("{", "").replace("}", "")
-        elif len(last) == 1:
-            authors = last[0]
-        elif len(last) == 2:
-            authors = f"{last[0]} and {last[1]}"
-        else:
-            authors = f"{last[0]} et al."
-        citations[key] = (authors, entry.fields.get("year", "n.d."))
-    return citations
+    if str(ROOT / "_ext") not in sys.path:
+        sys.path.insert(0, str(ROOT / "_ext"))
+    from rlbook_bibstyle import author_year
+
+    return {key: author_year(entry) for key, entry in parse_file(str(bib)).entries.items()}
 
 
 def build_index(root: Path = ROOT) -> Index:
@@ -279,75 +271,47 @@ def _image(data: dict, alt: str, attachments: dict, name: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- literalinclude
-def _pyobject_lines(source: str, name: str, path: Path) -> tuple[int, int]:
-    """1-based first and last line of the function or class ``name`` (``Class.method`` allowed)."""
-    body = ast.parse(source).body
-    node = None
-    for part in name.split("."):
-        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                     and n.name == part), None)
-        if node is None:
-            raise ReaderError(f"literalinclude: {name!r} not found in {path}")
-        body = node.body
-    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-    return first, node.end_lineno
+def _sphinx_options(options: dict) -> dict:
+    """The directive's options as Sphinx's ``literalinclude`` converts them (``:dedent:`` an int or None, ...)."""
+    from sphinx.directives.code import LiteralInclude
 
-
-def _line_ranges(spec: str, total: int) -> list[int]:
-    """0-based indices of a Sphinx ``:lines:`` spec such as ``1,3,5-10,20-``."""
-    chosen = []
-    for part in spec.split(","):
-        part = part.strip()
-        if "-" in part:
-            a, b = part.split("-", 1)
-            chosen += range(int(a or 1) - 1, int(b) if b else total)
-        elif part:
-            chosen.append(int(part) - 1)
-    return [i for i in chosen if 0 <= i < total]
+    spec = LiteralInclude.option_spec
+    return {key: spec[key](value or None) for key, value in options.items() if key in spec}
 
 
 def literal_include(argument: str, options: dict, root: Path = ROOT) -> tuple[str, str, int, int]:
-    """``(code, where, first line, last line)`` of a ``literalinclude`` as the book shows it."""
+    """``(code, where, first line, last line)`` of a ``literalinclude`` as the book shows it: the code is what
+    Sphinx's own reader returns for the directive's options, the line numbers are those of the file."""
+    from sphinx.directives.code import LiteralIncludeReader
+    from sphinx.pycode import PycodeError
+    from sphinx.util import parselinenos
+
     path = root / argument.lstrip("/")
-    source = path.read_text()
-    lines = source.splitlines()
-    numbers = list(range(1, len(lines) + 1))
-    if "pyobject" in options:
-        first, last = _pyobject_lines(source, options["pyobject"], path)
-        lines, numbers = lines[first - 1:last], numbers[first - 1:last]
-    for key in ("start-at", "start-after"):
-        if key in options:
-            text = options[key]
-            hit = next((k for k, line in enumerate(lines) if text in line), None)
-            if hit is None:
-                raise ReaderError(f"literalinclude {argument}: {key} {text!r} not found")
-            hit += key == "start-after"
-            lines, numbers = lines[hit:], numbers[hit:]
-    for key in ("end-at", "end-before"):
-        if key in options:
-            text = options[key]
-            hit = next((k for k, line in enumerate(lines) if text in line), None)
-            if hit is None:
-                raise ReaderError(f"literalinclude {argument}: {key} {text!r} not found")
-            hit += key == "end-at"
-            lines, numbers = lines[:hit], numbers[:hit]
-    if "lines" in options:
-        keep = _line_ranges(options["lines"], len(lines))
-        lines, numbers = [lines[k] for k in keep], [numbers[k] for k in keep]
-    if "dedent" in options:
-        width = int(options["dedent"] or 0)
-        lines = [line[width:] if width else line for line in lines]
-        if not width:
-            lines = textwrap.dedent("\n".join(lines)).splitlines()
+    config = SimpleNamespace(source_encoding="utf-8-sig")  # Sphinx's default
+    try:
+        shown = _sphinx_options(options)
+        code, _ = LiteralIncludeReader(str(path), shown, config).read()
+        # The file's line numbers of the lines shown: where pyobject/start/end put the first one (lineno-match),
+        # then the :lines: picked from those (Sphinx refuses lineno-match for a disjoint :lines:, hence by hand).
+        cut = {k: v for k, v in shown.items() if k in ("pyobject", "start-at", "start-after", "end-at", "end-before",
+                                                       "tab-width", "encoding")}
+        numbering = LiteralIncludeReader(str(path), dict(cut, **{"lineno-match": None}), config)
+        _, count = numbering.read()
+    except (ValueError, PycodeError) as error:
+        raise ReaderError(f"literalinclude {argument} {options}: {error}") from error
+    picked = range(count)
+    if "lines" in shown:
+        picked = [k for k in parselinenos(shown["lines"], count) if k < count]
+    if not code or not picked:
+        raise ReaderError(f"literalinclude {argument} {options}: shows no code")
+    first, last = numbering.lineno_start + min(picked), numbering.lineno_start + max(picked)
     relative = path.relative_to(root).as_posix()
     where = f"`{relative}`"
     if relative.startswith("src/") and relative.endswith(".py"):
         module = relative[len("src/"):-len(".py")].replace("/", ".").removesuffix(".__init__")
         obj = f"{module}.{options['pyobject']}" if "pyobject" in options else module
         where = f"`{obj}` in `{relative}`"
-    if not lines:
-        raise ReaderError(f"literalinclude {argument} {options}: shows no code")
-    return "\n".join(lines), where, numbers[0], numbers[-1]
+    return code.removesuffix("\n"), where, first, last
 
 
 # ---------------------------------------------------------------------------------------------- Markdown

@@ -193,6 +193,50 @@ def test_roles_on_a_hand_made_notebook():
     assert reader.cells[1].outputs == [] and reader.cells[1].metadata["jupyter"]["source_hidden"]
 
 
+BIB = r"""
+@article{three, author = {Doe, Jane and Roe, Richard and Poe, Edgar}, title = {T}, year = {2020}}
+@article{others, author = {Doe, Jane and Roe, Richard and others}, title = {T}, year = {2021}}
+@article{two, author = {van Roe, Richard and Doe, Jane}, title = {T}, year = {2019}}
+@article{one, author = {Szepesv{\'a}ri, Csaba}, title = {T}, year = {2010}}
+@misc{org, organization = {The {RL} Group}, title = {T}}
+"""
+
+
+def test_citations_read_as_the_bibliography_labels_them(tmp_path):
+    """The reader's author-year text is the book's bibliography style's (_ext/rlbook_bibstyle.py): "et al." from
+    three authors on, "and others" counted as more, LaTeX accents resolved, the organization when no one is named."""
+    from pybtex.database import parse_file
+
+    (tmp_path / "refs.bib").write_text(BIB)
+    citations = make_reader.read_citations(tmp_path / "refs.bib")
+    assert citations == {"three": ("Doe et al.", "2020"), "others": ("Doe et al.", "2021"),
+                         "two": ("van Roe and Doe", "2019"), "one": ("Szepesvári", "2010"),
+                         "org": ("The RL Group", "n.d.")}
+    if str(ROOT / "_ext") not in sys.path:
+        sys.path.insert(0, str(ROOT / "_ext"))
+    from rlbook_bibstyle import AuthorYearLabelStyle
+
+    for key, entry in parse_file(str(tmp_path / "refs.bib")).entries.items():
+        assert " ".join(citations[key]) == AuthorYearLabelStyle().format_label(entry), key
+
+
+def test_citations_read_as_the_book_prints_them():
+    """Every entry of references.bib: the reader's text is what sphinxcontrib-bibtex's author_year style prints in
+    the book for {cite:t} and {cite:p} (names and year; the book sets "et al." in italics). An entry with no author
+    or editor would fail here: the book prints its title, the bibliography style its organization."""
+    from pybtex.database import parse_file
+    from sphinxcontrib.bibtex.style.referencing.author_year import AuthorYearReferenceStyle
+    from sphinxcontrib.bibtex.style.template import year
+
+    style = AuthorYearReferenceStyle()
+    citations = make_reader.read_citations(ROOT / "references.bib")
+    for key, entry in parse_file(str(ROOT / "references.bib")).entries.items():
+        data = {"entry": entry, "style": style}
+        book = (style.person.author_or_editor_or_title(full=False).format_data(data).render_as("text"),
+                year.format_data(data).render_as("text"))
+        assert citations[key] == book, key
+
+
 def test_a_missing_glue_value_or_label_fails_loudly():
     with pytest.raises(make_reader.ReaderError, match="no glued value named 'nope'"):
         make_reader.reader_notebook(_notebook("{glue:text}`nope`"), _index(), "notebooks/x")
@@ -215,6 +259,15 @@ def test_literalinclude_options(tmp_path):
     assert code.strip().startswith("def n") and first == 15
     code, _, first, last = make_reader.literal_include("/src/pkg/mod.py", {"lines": "1,5-6"}, tmp_path)
     assert code == "import os\ndef f(x):\n    '''Doc.'''" and (first, last) == (1, 6)
+    code, _, first, last = make_reader.literal_include(
+        "/src/pkg/mod.py", {"pyobject": "C", "start-at": "def n", "lines": "2"}, tmp_path)
+    assert code == "        return 2" and (first, last) == (16, 16)
+    with pytest.raises(make_reader.ReaderError, match="start-at pattern not found: def nope"):
+        make_reader.literal_include("/src/pkg/mod.py", {"start-at": "def nope"}, tmp_path)
+    with pytest.raises(make_reader.ReaderError, match="end-before pattern not found: nope"):
+        make_reader.literal_include("/src/pkg/mod.py", {"end-before": "nope"}, tmp_path)
+    with pytest.raises(make_reader.ReaderError, match="'C.nope' not found"):
+        make_reader.literal_include("/src/pkg/mod.py", {"pyobject": "C.nope"}, tmp_path)
 
 
 def test_display_math_without_a_label_is_not_numbered():
