@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rlbook.callbacks import TrainerCallback
 from rlbook.lm import autocast
 from rlbook.rollout import generate_rollouts
 from rlbook.tasks.base import Task, check_int
@@ -199,3 +200,48 @@ def seeds_needed(seed_sd: float, effect: float, alpha: float = 0.05, power: floa
         raise ValueError(f"alpha and power must lie in (0, 1), got {alpha} and {power}")
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
     return max(2, math.ceil((z * seed_sd / abs(effect)) ** 2))
+
+
+class HeldOutEvaluation(TrainerCallback):
+    """A trainer callback: :func:`evaluate_policy` on fixed held-out prompts at the start, every ``every`` steps
+    and at the end, keeping each :meth:`PolicyEvaluation.summary` in ``self.records`` as ``{"step": s, ...}``.
+
+    The prompts are ``num_prompts`` draws of the task's ``"test"`` split from ``prompt_seed`` and the sampling
+    stream is ``seed``, the same for every arm and training seed of an experiment: every policy is measured on
+    the same problems with the same random numbers (paired evaluation)::
+
+        evaluation = HeldOutEvaluation(num_prompts=1024, num_samples=8, every=100)
+        train_run("sort_scratchpad", Arm("grpo"), seed, callbacks=[evaluation])
+        evaluation.records  # [{"step": 0, "expected_accuracy": ..., "mean_length_wrong": ...}, ...]
+    """
+
+    def __init__(self, num_prompts: int = 1024, num_samples: int = 8, every: int = 0, *, prompt_seed: int = 2024,
+                 seed: int = 0, ks=(1, 8)):
+        self.num_prompts = check_int(num_prompts, "num_prompts", minimum=1)
+        self.num_samples = check_int(num_samples, "num_samples", minimum=1)
+        self.every = check_int(every, "every", minimum=0)
+        self.prompt_seed, self.seed, self.ks = prompt_seed, seed, tuple(ks)
+        self.records: list[dict] = []
+
+    def measure(self, trainer) -> dict:
+        """Evaluate the trainer's current policy and append the summary to :attr:`records`."""
+        examples = trainer.task.sample(self.num_prompts, seed=np.random.default_rng(self.prompt_seed),
+                                       split="test")
+        result = evaluate_policy(trainer.policy, trainer.tokenizer, trainer.task, examples,
+                                 num_samples=self.num_samples, max_new_tokens=trainer.config.max_completion_length,
+                                 temperature=trainer.config.temperature, seed=self.seed)
+        record = {"step": trainer.step, **{k: round(v, 6) for k, v in result.summary(self.ks).items()}}
+        self.records.append(record)
+        return record
+
+    def on_train_begin(self, trainer) -> None:
+        if not self.records or self.records[-1]["step"] != trainer.step:
+            self.measure(trainer)
+
+    def on_step_end(self, trainer, metrics) -> None:
+        if self.every and trainer.step % self.every == 0:
+            self.measure(trainer)
+
+    def on_train_end(self, trainer) -> None:
+        if self.records[-1]["step"] != trainer.step:
+            self.measure(trainer)

@@ -1,0 +1,83 @@
+"""Model organisms (rlbook.organisms): every arm of one organism trained on paired seeds and measured on held-out
+prompts with several samples each.
+
+Each run starts from the organism's shipped base policy and records the trainer's per-step metrics and the
+held-out evaluations (:class:`rlbook.evaluation.HeldOutEvaluation`: expected accuracy, pass@k, lengths of the
+correct and the wrong answers, token entropy, distinct correct answers) at the start, every ``eval_every`` steps
+and at the end. The stored file is what ``experiments/phenomena.py`` and the chapters read.
+
+    python experiments/organisms.py length_inflation            # experiments/results/organism_length_inflation.json
+    python experiments/organisms.py entropy_collapse --seeds 8
+    python experiments/organisms.py length_inflation --arms grpo --seeds 3 --out /tmp/gate.json   # the gate alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from pathlib import Path
+
+from rlbook.evaluation import HeldOutEvaluation
+from rlbook.experiment import run_experiment, train_run
+from rlbook.organisms import ORGANISMS, baseline_change, gate_holds, get_organism
+
+RESULTS = Path(__file__).parent / "results"
+LOGGED = ("accuracy", "entropy", "completions/mean_length", "completions/clipped_ratio", "clip_ratio/region_mean")
+
+
+def results_path(name: str) -> Path:
+    return RESULTS / f"organism_{name}.json"
+
+
+def run_one(arm_name, arm, seed, *, organism: str, evaluation: dict | None = None, **settings) -> dict:
+    """One run: train ``arm`` from the organism's base policy, evaluating on its held-out prompts
+    (``evaluation`` overrides the organism's ``num_prompts``, ``num_samples``, ``eval_every``: the tests)."""
+    spec = get_organism(organism)
+    settings = {**spec.settings, **settings}
+    sizes = {"num_prompts": spec.num_prompts, "num_samples": spec.num_samples, "every": spec.eval_every,
+             **(evaluation or {})}
+    evaluation = HeldOutEvaluation(**sizes, ks=(1, sizes["num_samples"]))
+    record = train_run(spec.policy, arm, seed, callbacks=[evaluation], logged=LOGGED, **settings)
+    record["evals"] = evaluation.records
+    return record
+
+
+def run(organism: str, arms=None, seeds=(0, 1, 2, 3, 4), *, out=None, processes=None, arguments=None,
+        evaluation: dict | None = None, **settings) -> dict:
+    """Run ``arms`` (default: all) of ``organism`` for ``seeds``; ``settings`` and ``evaluation`` override the
+    organism's training settings and held-out evaluation sizes (the tests shorten runs)."""
+    spec = get_organism(organism)
+    arms = list(spec.arms) if arms is None else list(arms)
+    common = {**spec.settings, **settings}
+    result = run_experiment(f"organism_{organism}", functools.partial(run_one, organism=organism, evaluation=evaluation, **settings),
+                            {a: spec.arm(a) for a in arms}, seeds, out=out, common=common,
+                            processes=processes, steps_per_run=common["max_steps"], arguments=arguments,
+                            checkpoints=[spec.policy], description=spec.description,
+                            extra={"organism": spec.to_json()},
+                            summary={f"{spec.metric} start": lambda r: r["evals"][0][spec.metric],
+                                     f"{spec.metric} end": lambda r: r["evals"][-1][spec.metric],
+                                     "accuracy end": lambda r: r["evals"][-1]["expected_accuracy"]})
+    if spec.baseline in result["runs"]:
+        change = baseline_change(result["runs"][spec.baseline], spec.metric)
+        print(f"gate: {spec.metric} under {spec.baseline} changed by {change[0]:.4g} "
+              f"[{change[1]:.4g}, {change[2]:.4g}] (failure: {spec.failure}); "
+              f"holds: {gate_holds(change, spec.failure)}")
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("organism", choices=sorted(ORGANISMS))
+    parser.add_argument("--arms", nargs="+", default=None)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--processes", type=int, default=None, help="worker processes (default: one per core)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    out = args.out or results_path(args.organism)
+    run(args.organism, args.arms, seeds=range(args.first_seed, args.first_seed + args.seeds), out=out,
+        processes=args.processes, arguments={**vars(args), "out": str(out)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""rlbook.organisms, experiments/organisms.py and experiments/phenomena.py: the gate and the paired difference
+against scipy on hand-made results, a reduced run of each organism, and the stored results (made with the
+organisms' current settings, at least 5 paired seeds) against experiments/results/phenomena.json entry by entry."""
+
+import json
+
+import numpy as np
+import pytest
+from experiment_scripts import EXPERIMENTS, load_script, load_stored
+from scipy import stats
+
+from rlbook.experiment import Arm
+from rlbook.organisms import ORGANISMS, Organism, baseline_change, gate_holds, get_organism, phenomenon
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def fake_result(start, base_end, fix_end, metric="entropy", failure="down"):
+    """An organism experiment's stored layout with one held-out value per seed at the start and the end."""
+    def runs(end):
+        return [{"seed": s, "evals": [{"step": 0, metric: a}, {"step": 9, metric: b}]}
+                for s, (a, b) in enumerate(zip(start, end))]
+    return {"experiment": "organism_fake", "organism": {"name": "fake", "metric": metric, "failure": failure},
+            "arms": {"base": {}, "fix": {}}, "runs": {"base": runs(base_end), "fix": runs(fix_end)}}
+
+
+def t_interval(values):
+    values = np.asarray(values, dtype=float)
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=values.mean(), scale=stats.sem(values))
+    return values.mean(), low, high
+
+
+def test_phenomenon_by_hand():
+    start, base_end, fix_end = [2.5, 2.5, 2.5, 2.5], [1.0, 1.4, 0.8, 1.2], [1.5, 1.3, 1.6, 2.0]
+    entry = phenomenon(fake_result(start, base_end, fix_end), chapter="dapo", phenomenon="collapse", fix="fix",
+                       script="x.py")
+    assert entry["baseline"] == "base" and entry["direction"] == "up" and entry["seeds"] == 4
+    np.testing.assert_allclose(entry["baseline_change"], t_interval(np.subtract(base_end, start)), atol=1e-6)
+    np.testing.assert_allclose(entry["fix_minus_baseline"], t_interval(np.subtract(fix_end, base_end)), atol=1e-6)
+    assert entry["gate_holds"] is True  # the entropy fell, its interval below 0
+
+
+def test_gate_fails_when_the_interval_straddles_zero_or_points_the_other_way():
+    assert not gate_holds((-0.1, -0.3, 0.1), "down") and not gate_holds((0.5, 0.2, 0.8), "down")
+    assert gate_holds((0.5, 0.2, 0.8), "up") and not gate_holds((0.5, -0.2, 1.2), "up")
+    entry = phenomenon(fake_result([1.0] * 3, [1.1, 0.9, 1.05], [1.0] * 3), chapter="c", phenomenon="p",
+                       fix="fix", script="x.py")
+    assert entry["gate_holds"] is False
+    # another metric than the organism's: its failure is against the direction given
+    result = fake_result([20.0] * 3, [22.0, 23.0, 24.0], [19.0] * 3, metric="mean_length_wrong", failure="down")
+    entry = phenomenon(result, chapter="c", phenomenon="p", fix="fix", metric="mean_length_wrong", direction="down",
+                       script="x.py")
+    assert entry["gate_holds"] is True and entry["fix_minus_baseline"][0] == pytest.approx(-4.0)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="failure must be one of"):
+        Organism("x", "d", "arithmetic", {}, {}, {"a": Arm("grpo")}, failure="sideways")
+    with pytest.raises(ValueError, match="at least one arm"):
+        Organism("x", "d", "arithmetic", {}, {})
+    with pytest.raises(ValueError, match="unknown organism"):
+        get_organism("fruit_fly")
+    with pytest.raises(ValueError, match="has no arm"):
+        ORGANISMS["length_inflation"].arm("ppo")
+    result = fake_result([1.0, 1.0], [0.5, 0.4], [0.9, 0.8])
+    with pytest.raises(ValueError, match="no arm 'nope'"):
+        phenomenon(result, chapter="c", phenomenon="p", fix="nope", script="x.py")
+    result["runs"]["fix"][1]["evals"][-1]["entropy"] = float("nan")
+    with pytest.raises(ValueError, match="missing or NaN"):
+        phenomenon(result, chapter="c", phenomenon="p", fix="fix", script="x.py")
+    result["runs"]["fix"] = result["runs"]["fix"][:1]
+    with pytest.raises(ValueError, match="same seeds"):
+        phenomenon(result, chapter="c", phenomenon="p", fix="fix", script="x.py")
+    with pytest.raises(ValueError, match="no held-out evaluations"):
+        baseline_change([{"seed": 0}], "entropy")
+
+
+def test_an_organism_arm_carries_the_task_setting():
+    spec = ORGANISMS["length_inflation"]
+    assert spec.baseline == "grpo"
+    assert all(spec.arm(name).task_kwargs["incorrect_reward"] == -1.0 for name in spec.arms)
+    assert spec.arm("gfpo").overrides["num_generations"] == 16
+
+
+@pytest.mark.parametrize("name", sorted(ORGANISMS))
+def test_organism_reduced_run(name):
+    script = load_script("organisms")
+    spec = ORGANISMS[name]
+    arms = list(spec.arms)[:2]
+    result = script.run(name, arms, seeds=(0,), processes=1, max_steps=2, per_device_train_batch_size=32,
+                        evaluation={"num_prompts": 4, "num_samples": 2, "every": 0})
+    assert result["organism"]["name"] == name and list(result["runs"]) == arms
+    for arm in arms:
+        (run,) = result["runs"][arm]
+        assert [e["step"] for e in run["evals"]] == [0, 2]
+        assert run["config"]["max_steps"] == 2 and len(run["metrics"]["entropy"]) == 2
+        assert 0.0 <= run["evals"][-1]["expected_accuracy"] <= 1.0 and run["evals"][-1][spec.metric] >= 0.0
+    # the same start for every arm: the same base policy, prompts and sampling stream
+    assert result["runs"][arms[0]][0]["evals"][0] == result["runs"][arms[1]][0]["evals"][0]
+
+
+@pytest.mark.parametrize("name", sorted(ORGANISMS))
+def test_stored_organism_results_match_the_organism(name):
+    spec = ORGANISMS[name]
+    stored = load_stored(f"organism_{name}")
+    assert stored["organism"] == json.loads(json.dumps(spec.to_json()))
+    assert stored["common"] == spec.settings and stored["arms"] == spec.to_json()["arms"]
+    assert len(stored["seeds"]) >= 5
+    for arm, runs in stored["runs"].items():
+        assert [r["seed"] for r in runs] == stored["seeds"], arm
+        for run in runs:
+            steps = [e["step"] for e in run["evals"]]
+            assert steps == list(range(0, spec.settings["max_steps"] + 1, spec.eval_every)), arm
+
+
+def test_phenomena_json_is_computed_from_the_stored_results():
+    script = load_script("phenomena")
+    stored = json.loads((EXPERIMENTS / "results" / "phenomena.json").read_text())
+    assert stored["entries"] == script.entries()
+    keys = {"chapter", "phenomenon", "organism", "baseline", "fix", "metric", "direction", "seeds",
+            "baseline_change", "fix_minus_baseline", "gate_holds", "script"}
+    for entry in stored["entries"]:
+        assert set(entry) == keys and entry["direction"] in ("up", "down") and entry["seeds"] >= 5
+        assert any((EXPERIMENTS.parent / "book").glob(f"*/{entry['chapter']}.md")), entry["chapter"]
+        mean, low, high = entry["baseline_change"]
+        assert low <= mean <= high
