@@ -149,3 +149,21 @@ print(json.dumps({"mimes": sorted(data), "metadata": metadata,
     shown = json.loads(out.stdout.strip().splitlines()[-1])
     assert shown["mimes"] == ["image/png", "text/plain"] and shown["font"] == 10
     assert abs(shown["metadata"]["image/png"]["width"] - 360) <= 12, "HALF_WIDTH: 3.75 in = 360 px"
+
+
+def test_plot_organism_draws_each_arm_over_its_evaluation_steps():
+    import matplotlib.pyplot as plt
+
+    from rlbook.plotting import plot_organism
+
+    def runs(values):
+        return [{"seed": s, "evals": [{"step": 0, "m": 1.0}, {"step": 5, "m": v}]} for s, v in enumerate(values)]
+
+    result = {"experiment": "organism_x", "runs": {"a": runs([2.0, 4.0]), "b": runs([0.0, 1.0])}}
+    fig, ax = plt.subplots()
+    lines = plot_organism(ax, result, "m", names={"a": "arm A"})
+    assert list(lines) == ["a", "b"] and lines["a"].get_label() == "arm A (n=2)"
+    assert list(lines["a"].get_ydata()) == [1.0, 3.0] and list(lines["b"].get_xdata()) == [0, 5]
+    with pytest.raises(ValueError, match="no arm 'c'"):
+        plot_organism(ax, result, "m", arms=["c"])
+    plt.close(fig)

@@ -440,3 +440,26 @@ def _aligned(histories: list[list[dict]], metric: str, x: str):
     per_seed = [{m[x]: m[metric] for m in history if metric in m} for history in histories]
     common = sorted(set.intersection(*(set(d) for d in per_seed))) if per_seed else []
     return np.asarray(common), np.asarray([[d[s] for s in common] for d in per_seed], dtype=float)
+
+
+def plot_organism(ax, result: dict, metric: str, arms=None, *, names: dict | None = None, colors: dict | None = None,
+                  spread: str = "band"):
+    """The held-out ``metric`` of an organism experiment (``experiments/organisms.py``'s stored result) against
+    the training step, one line per arm: the mean over seeds, and the range over seeds as a band (``spread`` as
+    in :func:`plot_seeds`). ``names`` maps arm names to labels, ``colors`` arm names to colours (default: the
+    arm's position among the experiment's arms, so an arm keeps its colour from figure to figure).
+    Returns ``{arm: line}``."""
+    from rlbook.organisms import eval_series
+
+    arms = list(result["runs"]) if arms is None else list(arms)
+    order = list(result["runs"])
+    lines = {}
+    for arm in arms:
+        if arm not in result["runs"]:
+            raise ValueError(f"no arm {arm!r} in {result.get('experiment')}; it has {order}")
+        steps, values = eval_series(result["runs"][arm], metric)
+        color = (colors or {}).get(arm, COLORS[order.index(arm) % len(COLORS)])
+        label = f"{(names or {}).get(arm, arm)} (n={len(values)})"
+        lines[arm] = plot_seeds(ax, steps, values, label=label, color=color, spread=spread, marker="o", ms=4)
+    ax.set_xlabel("step")
+    return lines
