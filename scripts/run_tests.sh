@@ -22,11 +22,12 @@ stage() {
 # in one worker: a notebook's cells share one kernel, and a module's fixtures are built once. Every test and
 # notebook uses one torch thread, so two workers on two cores take about half the time.
 workers=(-n "${TEST_WORKERS:-auto}" --dist loadfile)
+timing=(--durations=15)  # the slowest tests of each stage, to keep CI under 25 minutes
 [[ "${TEST_WORKERS:-auto}" == 1 ]] && workers=()
 # Numbers in notebook outputs are compared with a tolerance (tests/nbval_numbers.py), text exactly.
-wants unit && stage "unit tests and notebook sync" python -m pytest tests -q -p no:cacheprovider "${workers[@]}"
+wants unit && stage "unit tests and notebook sync" python -m pytest tests -q -p no:cacheprovider "${workers[@]}" "${timing[@]}"
 wants notebooks && stage "notebooks (nbval: text exact, numbers within 1e-4)" python -m pytest notebooks -q \
-    -p no:cacheprovider -p tests.nbval_numbers "${workers[@]}" \
+    -p no:cacheprovider -p tests.nbval_numbers "${workers[@]}" "${timing[@]}" \
     --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 wants book && stage "strict book build (-W -n)" jupyter-book build . -W -n --keep-going --quiet
 
