@@ -118,3 +118,11 @@ def test_bad_arguments_are_clear_errors(arithmetic):
         evaluate_policy(model, tokenizer, task, [], max_new_tokens=8)
     with pytest.raises(ValueError, match="num_samples"):
         evaluate_policy(model, tokenizer, task, examples, num_samples=0, max_new_tokens=8)
+
+
+def test_mean_interval_without_spread_is_the_mean_itself():
+    from rlbook.experiment import mean_interval
+
+    assert mean_interval([29.24] * 5) == (29.24, 29.24, 29.24)  # no NaN from a zero standard error
+    mean, low, high = mean_interval([1.0, 2.0, 3.0])
+    assert low < mean == 2.0 < high

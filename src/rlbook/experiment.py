@@ -336,12 +336,12 @@ def _cpu_name() -> str:
 
 def mean_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
     """Mean of ``values`` and its two-sided Student-t confidence interval (scipy), ``(mean, low, high)``; the
-    interval is the mean itself for a single value."""
+    interval is the mean itself for a single value or identical values."""
     from scipy import stats
 
     values = np.asarray(values, dtype=float)
     mean = float(values.mean())
-    if len(values) < 2:
+    if len(values) < 2 or np.all(values == values[0]):  # no spread: the interval is the mean itself
         return mean, mean, mean
     low, high = stats.t.interval(confidence, len(values) - 1, loc=mean, scale=stats.sem(values))
     return mean, float(low), float(high)
