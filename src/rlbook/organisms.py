@@ -93,8 +93,10 @@ class Organism:
 _DAPO_PARTS = dict(dynamic_sampling=False, mask_truncated_completions=False, overlong_buffer_length=None)
 
 ORGANISMS: dict[str, Organism] = {
-    # Dr. GRPO's failure: with ±1 rewards most advantages of a hard task are negative, and GRPO's per-completion
-    # token mean 1/|o_i| gives a long wrong answer a smaller penalty per token, so answers drift longer.
+    # Dr. GRPO's failure: GRPO's per-completion token mean 1/|o_i| gives each token of a long wrong answer a smaller
+    # penalty, so wrong answers drift longer once the budget leaves them room (64 tokens here, 40 in SFT). The ±1
+    # rewards follow the paper; GRPO's group z-scores are the same for 0/1 and ±1 rewards (Dr. GRPO's advantages,
+    # not divided by the std, double).
     "length_inflation": Organism(
         name="length_inflation",
         description="sort 3-6 digits with a scratchpad, ±1 rewards and room to grow (64 tokens, the SFT budget "
