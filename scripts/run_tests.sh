@@ -18,16 +18,22 @@ stage() {
     echo "=== stage: $name: $status in $((SECONDS - start)) s"
 }
 
-# Tests run in one worker process per core (pytest-xdist; TEST_WORKERS=1 runs them in this process), a file's tests
-# in one worker: a notebook's cells share one kernel, and a module's fixtures are built once. Every test and
-# notebook uses one torch thread, so two workers on two cores take about half the time.
-workers=(-n "${TEST_WORKERS:-auto}" --dist loadfile)
+# Tests run in one worker process per core (pytest-xdist; TEST_WORKERS=1 runs them in this process): unit tests one
+# by one to whichever worker is free (a module's fixtures are then built once per worker), notebooks a file to a
+# worker (a notebook's cells share one kernel). Every test and notebook uses one torch thread, so two workers on
+# two cores take about half the time. UNIT_ARGS adds pytest arguments to the unit stage (test_portability.sh
+# leaves out the tests that compute no floats).
+unit_workers=(-n "${TEST_WORKERS:-auto}" --dist load)
+notebook_workers=(-n "${TEST_WORKERS:-auto}" --dist loadfile)
+[[ "${TEST_WORKERS:-auto}" == 1 ]] && unit_workers=() && notebook_workers=()
 timing=(--durations=15)  # the slowest tests of each stage, to keep CI under 25 minutes
-[[ "${TEST_WORKERS:-auto}" == 1 ]] && workers=()
+# shellcheck disable=SC2206  # UNIT_ARGS is a list of words
+unit_args=(${UNIT_ARGS:-})
 # Numbers in notebook outputs are compared with a tolerance (tests/nbval_numbers.py), text exactly.
-wants unit && stage "unit tests and notebook sync" python -m pytest tests -q -p no:cacheprovider "${workers[@]}" "${timing[@]}"
+wants unit && stage "unit tests and notebook sync" python -m pytest tests -q -p no:cacheprovider \
+    "${unit_workers[@]}" "${timing[@]}" "${unit_args[@]}"
 wants notebooks && stage "notebooks (nbval: text exact, numbers within 1e-4)" python -m pytest notebooks -q \
-    -p no:cacheprovider -p tests.nbval_numbers "${workers[@]}" "${timing[@]}" \
+    -p no:cacheprovider -p tests.nbval_numbers "${notebook_workers[@]}" "${timing[@]}" \
     --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 wants book && stage "strict book build (-W -n)" jupyter-book build . -W -n --keep-going --quiet
 

@@ -18,6 +18,12 @@ declare -A SETTINGS=(
 names=("$@")
 ((${#names[@]})) || names=(native avx2 sse42)
 
+# Tests that compute no floats are the same under every kernel; they run once, in `make test`: the student
+# edition (the chapters' code, which nbval runs here anyway, with stubs for the exercises), the reader copy, and
+# the checks of the book's text and of its sync with the notebooks.
+export UNIT_ARGS="--ignore=tests/test_student.py --ignore=tests/test_reader_notebooks.py \
+--ignore=tests/test_book_text.py --ignore=tests/test_book_sync.py"
+
 failed=()
 for name in "${names[@]}"; do
     [[ -v SETTINGS[$name] ]] || { echo "unknown setting '$name'; choose from: ${!SETTINGS[*]}"; exit 2; }
