@@ -8,7 +8,8 @@ import torch
 from scipy import stats
 
 from rlbook.checkpoints import RECIPES, load_base_policy
-from rlbook.evaluation import PolicyEvaluation, evaluate_policy, paired_difference, prompt_interval, seeds_needed
+from rlbook.evaluation import (PolicyEvaluation, detectable_effect, evaluate_policy, paired_difference,
+                               prompt_interval, seeds_needed)
 from rlbook.rollout import generate_rollouts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -110,6 +111,16 @@ def test_seeds_needed_follows_the_power_formula():
                 {"seed_sd": 1.0, "effect": 1.0, "power": 1.0}):
         with pytest.raises(ValueError):
             seeds_needed(**bad)
+
+
+def test_detectable_effect_is_the_inverse_of_seeds_needed():
+    z = stats.norm.ppf(0.975) + stats.norm.ppf(0.8)
+    assert detectable_effect(0.9, 5) == pytest.approx(z * 0.9 / math.sqrt(5))
+    effect = detectable_effect(0.23, 8)
+    assert seeds_needed(0.23, effect * 1.001) == 8  # eight seeds are just enough for that effect
+    for bad in ({"seed_sd": 0.0, "seeds": 5}, {"seed_sd": 1.0, "seeds": 0}, {"seed_sd": 1.0, "seeds": 5, "alpha": 0}):
+        with pytest.raises(ValueError):
+            detectable_effect(**bad)
 
 
 def test_bad_arguments_are_clear_errors(arithmetic):

@@ -167,3 +167,16 @@ def test_plot_organism_draws_each_arm_over_its_evaluation_steps():
     with pytest.raises(ValueError, match="no arm 'c'"):
         plot_organism(ax, result, "m", arms=["c"])
     plt.close(fig)
+
+
+def test_plot_organism_panels_draws_one_panel_per_metric():
+    import matplotlib.pyplot as plt
+
+    from rlbook.plotting import plot_organism_panels
+
+    runs = [{"seed": 0, "evals": [{"step": 0, "m": 1.0, "n": 2.0}, {"step": 5, "m": 3.0, "n": 4.0}]}]
+    result = {"experiment": "organism_x", "runs": {"a": runs}}
+    fig, axes = plot_organism_panels(result, [("m", "(a) m", "m units"), ("n", "(b) n", "n units")])
+    assert axes.shape == (1, 2) and [ax.get_title() for ax in axes.flat] == ["(a) m", "(b) n"]
+    assert list(axes[0, 1].lines[-1].get_ydata()) == [2.0, 4.0] and axes[0, 0].get_xlabel() == "step"
+    plt.close(fig)

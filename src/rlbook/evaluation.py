@@ -185,21 +185,38 @@ def paired_difference(baseline, fix, confidence: float = 0.95):
     return mean_interval(fix - baseline, confidence)
 
 
+def _power_z(alpha: float, power: float) -> float:
+    """``z_{1-alpha/2} + z_power`` of a two-sided test at level ``alpha`` with probability ``power``."""
+    from scipy import stats
+
+    if not (0 < alpha < 1 and 0 < power < 1):
+        raise ValueError(f"alpha and power must lie in (0, 1), got {alpha} and {power}")
+    return stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+
+
+def _check_sd(seed_sd: float) -> None:
+    if not (seed_sd > 0 and math.isfinite(seed_sd)):
+        raise ValueError(f"seed_sd must be a positive finite number, got {seed_sd}")
+
+
 def seeds_needed(seed_sd: float, effect: float, alpha: float = 0.05, power: float = 0.8) -> int:
     """Paired seeds needed to detect a mean difference ``effect`` when the per-seed difference has standard
     deviation ``seed_sd`` (from a pilot), two-sided level ``alpha``, with probability ``power``:
     ``ceil(((z_{1-alpha/2} + z_power) * sd / effect) ** 2)`` (the normal approximation; about
     ``(2.8 sd / effect)^2`` at the defaults), and at least 2."""
-    from scipy import stats
-
-    if not (seed_sd > 0 and math.isfinite(seed_sd)):
-        raise ValueError(f"seed_sd must be a positive finite number, got {seed_sd}")
+    _check_sd(seed_sd)
     if not (effect != 0 and math.isfinite(effect)):
         raise ValueError(f"effect must be a non-zero finite number, got {effect}")
-    if not (0 < alpha < 1 and 0 < power < 1):
-        raise ValueError(f"alpha and power must lie in (0, 1), got {alpha} and {power}")
-    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+    z = _power_z(alpha, power)
     return max(2, math.ceil((z * seed_sd / abs(effect)) ** 2))
+
+
+def detectable_effect(seed_sd: float, seeds: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest mean difference ``seeds`` paired seeds detect, the inverse of :func:`seeds_needed`:
+    ``(z_{1-alpha/2} + z_power) * sd / sqrt(seeds)``."""
+    _check_sd(seed_sd)
+    seeds = check_int(seeds, "seeds", minimum=1)
+    return float(_power_z(alpha, power) * seed_sd / math.sqrt(seeds))
 
 
 class HeldOutEvaluation(TrainerCallback):

@@ -463,3 +463,18 @@ def plot_organism(ax, result: dict, metric: str, arms=None, *, names: dict | Non
         lines[arm] = plot_seeds(ax, steps, values, label=label, color=color, spread=spread, marker="o", ms=4)
     ax.set_xlabel("step")
     return lines
+
+
+def plot_organism_panels(result: dict, panels, arms=None, *, names: dict | None = None, colors: dict | None = None,
+                         spread: str = "band", ncols: int = 2, panel_height: float = 2.4):
+    """One :func:`plot_organism` panel per held-out metric of an organism experiment, in a grid of ``ncols``
+    columns sharing the step axis. ``panels``: ``(metric, title, ylabel)`` per panel. Returns ``(fig, axes)``."""
+    panels = list(panels)
+    nrows = -(-len(panels) // ncols)
+    fig, axes = book_subplots(nrows, ncols, panel_height=panel_height, sharex=True, squeeze=False)
+    for ax, (metric, title, ylabel) in zip(axes.flat, panels):
+        plot_organism(ax, result, metric, arms, names=names, colors=colors, spread=spread)
+        ax.set(title=title, ylabel=ylabel)
+    for ax in axes[:-1].flat:
+        ax.set_xlabel("")
+    return fig, axes
