@@ -73,6 +73,14 @@ RECIPES: dict[str, Recipe] = {
         task_kwargs={"num_digits": 2, "operations": "+"},
         sft=SFTConfig(max_steps=3000, batch_size=128, eval_every=25, stop_at_accuracy=0.45, max_new_tokens=8, seed=0),
     ),
+    # The same task trained on until it is nearly solved: most groups of G samples are all right, so they carry no
+    # gradient (the zero_gradient organism, DAPO's dynamic sampling).
+    "arithmetic_solved": Recipe(
+        task="arithmetic",
+        task_kwargs={"num_digits": 2, "operations": "+"},
+        sft=SFTConfig(max_steps=4000, batch_size=128, eval_every=25, stop_at_accuracy=0.9, max_new_tokens=8, seed=0),
+        accuracy_band=(0.8, 0.97),
+    ),
     "sort_scratchpad": Recipe(
         task="sort_digits",
         task_kwargs={"min_length": 3, "max_length": 6, "scratchpad": True},
