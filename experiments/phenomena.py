@@ -20,7 +20,8 @@ RESULTS = Path(__file__).parent / "results"
 OUT = RESULTS / "phenomena.json"
 
 # chapter, what fails under the baseline, the organism, the fix's arm, the metric (default: the organism's), and
-# which way is better (default: against the organism's failure).
+# which way is better (default: against the organism's failure); the fix's own metric where it differs, and where
+# the fix is compared with the baseline (the last step, or the baseline's number of completions sampled).
 PHENOMENA = [
     dict(chapter="dr_grpo", phenomenon="wrong answers grow longer under GRPO's per-completion 1/|o_i|",
          organism="length_inflation", fix="dr_grpo", metric="mean_length_wrong", direction="down"),
@@ -32,6 +33,11 @@ PHENOMENA = [
          organism="entropy_collapse", fix="clip_higher", metric="entropy", direction="up"),
     dict(chapter="gmpo", phenomenon="token entropy collapses under GRPO",
          organism="entropy_collapse", baseline="grpo", fix="gmpo", metric="entropy", direction="up"),
+    # the failure is a level (most groups without reward spread); the fix is judged on accuracy per completion
+    # sampled, since dynamic sampling draws more completions per step
+    dict(chapter="dapo", phenomenon="most groups are all right and carry no gradient",
+         organism="zero_gradient", fix="dynamic_sampling", fix_metric="expected_accuracy", fix_direction="up",
+         compared_at="num_completions"),
 ]
 
 
@@ -56,11 +62,12 @@ def main():
     table = {"description": __doc__.splitlines()[0], "entries": entries()}
     OUT.write_text(json.dumps(table, indent=1) + "\n")
     for e in table["entries"]:
-        mean, low, high = e["baseline_change"]
+        mean, low, high = e["baseline_change"] if e["baseline_level"] is None else e["baseline_level"]
         diff, dlow, dhigh = e["fix_minus_baseline"]
-        print(f"{e['chapter']:<12} {e['metric']:<18} baseline {e['baseline']:<15} change {mean:+.4g} "
-              f"[{low:+.4g}, {high:+.4g}] gate {'holds' if e['gate_holds'] else 'fails'}; {e['fix']} - baseline "
-              f"{diff:+.4g} [{dlow:+.4g}, {dhigh:+.4g}] ({e['direction']} is better)")
+        print(f"{e['chapter']:<12} {e['metric']:<18} baseline {e['baseline']:<15} "
+              f"{'change' if e['baseline_level'] is None else 'level'} {mean:+.4g} [{low:+.4g}, {high:+.4g}] "
+              f"gate {'holds' if e['gate_holds'] else 'fails'}; {e['fix']} - baseline {e['fix_metric']} "
+              f"{diff:+.4g} [{dlow:+.4g}, {dhigh:+.4g}] at equal {e['compared_at']} ({e['fix_direction']} is better)")
     print(f"wrote {OUT}")
 
 

@@ -73,6 +73,11 @@ def test_summaries_of_a_hand_made_evaluation():
     summary = result.summary(ks=(1, 2, 8))
     assert "pass@8" not in summary and summary["pass@2"] == pytest.approx(0.75)
     assert summary["distinct_correct"] == pytest.approx(1.5)
+    assert summary["frac_reward_zero_std"] == 0.0  # both prompts have right and wrong samples
+    all_same = PolicyEvaluation(correct=np.array([[True] * 4, [False] * 4, [True, False, True, True]]),
+                                lengths=np.ones((3, 4)), truncated=np.zeros((3, 4), bool),
+                                entropy_sum=np.ones((3, 4)), distinct_correct=np.array([1, 0, 1]))
+    assert all_same.frac_reward_zero_std() == pytest.approx(2 / 3)  # all right, and all wrong, count
     with pytest.raises(ValueError, match="which must be one of"):
         result.mean_length("right")
 

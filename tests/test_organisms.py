@@ -53,6 +53,38 @@ def test_gate_fails_when_the_interval_straddles_zero_or_points_the_other_way():
     assert entry["gate_holds"] is True and entry["fix_minus_baseline"][0] == pytest.approx(-4.0)
 
 
+def test_a_level_gate_and_a_comparison_at_equal_completions():
+    """zero_gradient's shape: the failure is a level (most groups without spread) and the fix, which samples more
+    per step, is read off its curve at the completions the baseline sampled (linear interpolation)."""
+    def runs(levels, accuracies, per_step):
+        return [{"seed": s, "evals": [{"step": t, "num_completions": per_step * t, "frac_reward_zero_std": f,
+                                       "expected_accuracy": a} for t, f, a in zip((0, 10, 20), fs, accs)]}
+                for s, (fs, accs) in enumerate(zip(levels, accuracies))]
+    base = runs([(0.8, 0.7, 0.75), (0.8, 0.8, 0.7), (0.8, 0.75, 0.8)],
+                [(0.9, 0.9, 0.88), (0.9, 0.89, 0.9), (0.9, 0.9, 0.91)], per_step=64)
+    fix = runs([(0.8, 0.8, 0.9)] * 3, [(0.9, 0.94, 0.95), (0.9, 0.92, 0.97), (0.9, 0.93, 0.93)], per_step=256)
+    result = {"experiment": "organism_fake", "arms": {"base": {}, "fix": {}}, "runs": {"base": base, "fix": fix},
+              "organism": {"name": "fake", "metric": "frac_reward_zero_std", "failure": "up",
+                           "failure_threshold": 0.5}}
+    entry = phenomenon(result, chapter="dapo", phenomenon="p", fix="fix", fix_metric="expected_accuracy",
+                       fix_direction="up", compared_at="num_completions", script="x.py")
+    levels = [np.mean(x) for x in [(0.8, 0.7, 0.75), (0.8, 0.8, 0.7), (0.8, 0.75, 0.8)]]
+    np.testing.assert_allclose(entry["baseline_level"], t_interval(levels), atol=1e-6)
+    assert entry["gate_holds"] is True and entry["failure_threshold"] == 0.5 and entry["direction"] == "down"
+    # the baseline sampled 64 * 20 = 1280 completions; the fix had sampled 256 * 5 = 1280 halfway to its step 10
+    at_budget = [0.9 + (a - 0.9) / 2 for a in (0.94, 0.92, 0.93)]
+    np.testing.assert_allclose(entry["fix_minus_baseline"],
+                               t_interval(np.subtract(at_budget, (0.88, 0.9, 0.91))), atol=1e-6)
+    assert gate_holds(entry["baseline_level"], "up", threshold=0.8) is False
+    result["organism"]["failure_threshold"] = 0.9  # the level does not reach the threshold: the gate fails
+    assert phenomenon(result, chapter="dapo", phenomenon="p", fix="fix", script="x.py")["gate_holds"] is False
+    base[0]["evals"][-1]["num_completions"] = 10**6  # the fix never sampled that many
+    with pytest.raises(ValueError, match="fewer than"):
+        phenomenon(result, chapter="dapo", phenomenon="p", fix="fix", compared_at="num_completions", script="x.py")
+    with pytest.raises(ValueError, match="compared_at must be one of"):
+        phenomenon(result, chapter="dapo", phenomenon="p", fix="fix", compared_at="wall_time", script="x.py")
+
+
 def test_bad_input_is_named():
     with pytest.raises(ValueError, match="failure must be one of"):
         Organism("x", "d", "arithmetic", {}, {}, {"a": Arm("grpo")}, failure="sideways")
@@ -118,9 +150,12 @@ def test_phenomena_json_is_computed_from_the_stored_results():
     stored = json.loads((EXPERIMENTS / "results" / "phenomena.json").read_text())
     assert stored["entries"] == script.entries()
     keys = {"chapter", "phenomenon", "organism", "baseline", "fix", "metric", "direction", "seeds",
-            "baseline_change", "fix_minus_baseline", "gate_holds", "script"}
+            "baseline_change", "fix_minus_baseline", "gate_holds", "script",
+            "failure_threshold", "baseline_level", "fix_metric", "fix_direction", "compared_at"}
     for entry in stored["entries"]:
         assert set(entry) == keys and entry["direction"] in ("up", "down") and entry["seeds"] >= 5
+        assert entry["fix_direction"] in ("up", "down") and entry["compared_at"] in ("step", "num_completions")
+        assert (entry["failure_threshold"] is None) == (entry["baseline_level"] is None)
         assert any((EXPERIMENTS.parent / "book").glob(f"*/{entry['chapter']}.md")), entry["chapter"]
         mean, low, high = entry["baseline_change"]
         assert low <= mean <= high

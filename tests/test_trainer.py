@@ -62,6 +62,26 @@ def test_the_update_changes_the_policy_and_reinforce_ratios_are_one():
     assert metrics["clip_ratio/region_mean"] == pytest.approx(0.0, abs=1e-12)
 
 
+def test_a_sampler_at_another_temperature_enters_the_ratio_only_with_old_logprobs_sampler():
+    """sampler_temperature plays an inference engine that disagrees with the learner: the sampler draws and scores
+    at 1.5, the learner at 1. With old_logprobs="learner" (TRL) pi_old is recomputed and the first ratio is 1; with
+    "sampler" the ratio divides by the sampler's log-probs from the first update on."""
+    ratios = {}
+    for old in ("learner", "sampler"):
+        trainer = make_trainer("grpo", max_steps=1, sampler_temperature=1.5, old_logprobs=old, beta=0.0)
+        rollout = trainer.sample_rollout(0)
+        assert rollout.batch.temperature == 1.5
+        scored = trainer.score(rollout)
+        batch = rollout.batch
+        learner = sequence_logprobs(trainer.policy, batch.input_ids, batch.attention_mask,
+                                    batch.completion_mask.float(), temperature=1.0)
+        expected = learner if old == "learner" else batch.logprobs
+        torch.testing.assert_close(scored.old_logp, expected, atol=1e-5, rtol=0)
+        ratios[old] = trainer.update(scored)
+    assert ratios["learner"]["ratio/max"] == pytest.approx(1.0, abs=1e-4)
+    assert ratios["sampler"]["ratio/max"] > 1.05 or ratios["sampler"]["ratio/min"] < 0.95
+
+
 def test_ppo_reuses_each_rollout_and_clipping_becomes_active():
     trainer = make_trainer("ppo", max_steps=3, num_iterations=4, learning_rate=5e-3)
     history = trainer.train(progress=False)
@@ -153,6 +173,8 @@ def test_a_reward_function_that_returns_nan_is_a_clear_error():
         (dict(early_stop_kl=-1.0), "early_stop_kl must be positive"),
         (dict(nll_coef=-0.1), "nll_coef and value_pretrain_steps"),
         (dict(value_pretrain_steps=2), "value_pretrain_steps needs a value model"),
+        (dict(sampler_temperature=0.0), "sampler_temperature must be a positive finite number"),
+        (dict(old_logprobs="engine"), "unknown old_logprobs"),
     ],
 )
 def test_config_errors(kwargs, match):

@@ -70,6 +70,12 @@ class PolicyEvaluation:
         n = np.full(self.num_prompts, self.samples_per_prompt)
         return float(pass_at_k(n, self.correct.sum(axis=1), k).mean())
 
+    def frac_reward_zero_std(self) -> float:
+        """Fraction of prompts whose k samples are all right or all wrong: the groups of k (= G) that would carry no
+        signal for a group baseline (TRL's ``frac_reward_zero_std`` for a right/wrong reward)."""
+        solved = self.correct.sum(axis=1)
+        return float(np.mean((solved == 0) | (solved == self.samples_per_prompt)))
+
     def mean_length(self, which: str = "all") -> float:
         """Mean completion length in tokens of ``"all"``, the ``"correct"`` or the ``"wrong"`` samples (NaN if
         there are none of that kind)."""
@@ -93,6 +99,7 @@ class PolicyEvaluation:
             "truncated_fraction": float(self.truncated.mean()),
             "entropy": self.token_entropy(),
             "distinct_correct": float(self.distinct_correct.mean()),
+            "frac_reward_zero_std": self.frac_reward_zero_std(),
         }
         for k in ks:
             if k <= self.samples_per_prompt:
@@ -221,7 +228,8 @@ def detectable_effect(seed_sd: float, seeds: int, alpha: float = 0.05, power: fl
 
 class HeldOutEvaluation(TrainerCallback):
     """A trainer callback: :func:`evaluate_policy` on fixed held-out prompts at the start, every ``every`` steps
-    and at the end, keeping each :meth:`PolicyEvaluation.summary` in ``self.records`` as ``{"step": s, ...}``.
+    and at the end, keeping each :meth:`PolicyEvaluation.summary` in ``self.records`` as ``{"step": s,
+    "num_completions": n, ...}``, ``n`` the completions sampled for training so far (the cost in samples).
 
     The prompts are ``num_prompts`` draws of the task's ``"test"`` split from ``prompt_seed`` and the sampling
     stream is ``seed``, the same for every arm and training seed of an experiment: every policy is measured on
@@ -247,7 +255,9 @@ class HeldOutEvaluation(TrainerCallback):
         result = evaluate_policy(trainer.policy, trainer.tokenizer, trainer.task, examples,
                                  num_samples=self.num_samples, max_new_tokens=trainer.config.max_completion_length,
                                  temperature=trainer.config.temperature, seed=self.seed)
-        record = {"step": trainer.step, **{k: round(v, 6) for k, v in result.summary(self.ks).items()}}
+        record = {"step": trainer.step,
+                  "num_completions": sum(m.get("num_completions", 0) for m in trainer.history),
+                  **{k: round(v, 6) for k, v in result.summary(self.ks).items()}}
         self.records.append(record)
         return record
 

@@ -22,6 +22,8 @@ METRICS: dict[str, str] = {
                 "(the gold metric when a reward model gives the reward)",
     "frac_reward_zero_std": "fraction of groups whose G rewards are all equal (no signal for a group baseline); "
                             "with dynamic sampling, measured on the first generation round, before filtering",
+    "num_completions": "completions sampled this step, every generation round included (dynamic sampling draws "
+                       "more than it trains on): the cost in samples",
     "completions/mean_length": "mean completion length in tokens (EOS included) of the step's completions",
     "completions/min_length": "shortest completion of the step, in tokens",
     "completions/max_length": "longest completion of the step, in tokens",

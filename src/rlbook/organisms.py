@@ -47,6 +47,10 @@ class Organism:
         failure: ``"up"`` or ``"down"``, which way the failure moves ``metric`` under the baseline.
         num_prompts, num_samples, eval_every: the held-out evaluation (prompts, samples per prompt, steps between
             evaluations; 0 for only the first and the last).
+        failure_threshold: None for a failure that *grows* under the baseline (the gate is the change from the
+            first evaluation to the last); a number for a failure that is a *level* present from the start (the
+            gate is the metric averaged over the baseline's evaluations, beyond this threshold in the failure's
+            direction; e.g. most groups without reward spread: ``frac_reward_zero_std`` above 0.5).
     """
 
     name: str
@@ -60,6 +64,7 @@ class Organism:
     num_prompts: int = 1024
     num_samples: int = 8
     eval_every: int = 0
+    failure_threshold: float | None = None
 
     def __post_init__(self):
         if self.failure not in DIRECTIONS:
@@ -123,6 +128,42 @@ ORGANISMS: dict[str, Organism] = {
               "grpo": Arm("grpo", beta=0.0), "gmpo": Arm("gmpo")},
         metric="entropy", failure="down", num_prompts=1024, num_samples=16, eval_every=100,
     ),
+    # DAPO's dynamic sampling: a nearly solved policy (about 90 % of samples right), so most groups of G samples are
+    # all right and carry no gradient under a group baseline; the batch that teaches anything shrinks as it learns.
+    # Dynamic sampling draws more groups until the batch is full of informative ones: it pays in samples, so it is
+    # measured per completion sampled as well as per step.
+    "zero_gradient": Organism(
+        name="zero_gradient",
+        description="2-digit sums from a policy trained until about 90 % of its samples are right, ±1 rewards: most "
+                    "groups are all right and teach nothing",
+        policy="arithmetic_solved",
+        task_kwargs={"incorrect_reward": -1.0},
+        settings=dict(learning_rate=3e-4, max_steps=200, per_device_train_batch_size=64),
+        arms={"no_dynamic_sampling": Arm("dapo", **_DAPO_PARTS),
+              "dynamic_sampling": Arm("dapo", **{**_DAPO_PARTS, "dynamic_sampling": True}),
+              # the control: as many samples per step as dynamic sampling draws (about 4 rounds), none filtered
+              "larger_batch": Arm("dapo", per_device_train_batch_size=256, **_DAPO_PARTS)},
+        metric="frac_reward_zero_std", failure="up", failure_threshold=0.5, num_prompts=1024, num_samples=8,
+        eval_every=25,
+    ),
+    # GMPO's outlier ratios: the sampler and the learner disagree (a sampler at temperature 1.3, the learner at 1,
+    # the ratio dividing by the sampler's log-probs as engines that skip the recompute do), so token ratios are
+    # heavy-tailed from the first update; four updates per rollout let them grow.
+    "outlier_ratios": Organism(
+        name="outlier_ratios",
+        description="2-digit sums, a sampler at temperature 1.3 whose log-probs the ratio divides by, the learner at "
+                    "1, four updates per rollout: heavy-tailed token ratios",
+        policy="arithmetic",
+        task_kwargs={"incorrect_reward": -1.0},
+        settings=dict(learning_rate=3e-4, max_steps=200, num_iterations=4, per_device_train_batch_size=64,
+                      sampler_temperature=1.3, old_logprobs="sampler"),
+        arms={"grpo_no_clip": Arm("grpo", beta=0.0, epsilon=0.999, epsilon_high=1e9),
+              "grpo": Arm("grpo", beta=0.0), "gmpo": Arm("gmpo"),
+              # the control: the same unclipped GRPO with the sampler and the learner agreeing
+              "grpo_no_clip_matched": Arm("grpo", beta=0.0, epsilon=0.999, epsilon_high=1e9,
+                                          sampler_temperature=None, old_logprobs="learner")},
+        metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=25,
+    ),
 }
 
 
@@ -164,29 +205,66 @@ def baseline_change(runs: list[dict], metric: str) -> tuple[float, float, float]
     return mean_interval(metric_at(runs, metric, -1) - metric_at(runs, metric, 0))
 
 
-def gate_holds(change: tuple[float, float, float], failure: str) -> bool:
-    """True when the interval of the baseline's change excludes 0 in the failure's direction."""
+def baseline_level(runs: list[dict], metric: str) -> tuple[float, float, float]:
+    """The metric averaged over each run's evaluations, mean and 95 % t-interval over seeds (the gate of a failure
+    present from the start, :attr:`Organism.failure_threshold`)."""
+    return mean_interval(np.mean([metric_at(runs, metric, i) for i in range(len(runs[0]["evals"]))], axis=0))
+
+
+def gate_holds(interval: tuple[float, float, float], failure: str, threshold: float = 0.0) -> bool:
+    """True when the interval (of the baseline's change, or of its level) lies beyond ``threshold`` (0 for a change)
+    in the failure's direction."""
     if failure not in DIRECTIONS:
         raise ValueError(f"failure must be one of {DIRECTIONS}, got {failure!r}")
-    _, low, high = change
-    return bool(low > 0) if failure == "up" else bool(high < 0)
+    _, low, high = interval
+    return bool(low > threshold) if failure == "up" else bool(high < threshold)
+
+
+def metric_at_completions(runs: list[dict], metric: str, num_completions) -> np.ndarray:
+    """One value per seed of ``metric`` after ``num_completions[i]`` completions sampled for training (seed ``i``),
+    read off each run's held-out evaluations by linear interpolation in the completions sampled (the evaluations'
+    ``num_completions``); raises ValueError where a run did not sample that many."""
+    values = []
+    for run, budget in zip(runs, np.broadcast_to(num_completions, (len(runs),))):
+        sampled = np.array([e["num_completions"] for e in run["evals"]], dtype=float)
+        if budget > sampled[-1]:
+            raise ValueError(f"run of seed {run.get('seed')} sampled {sampled[-1]:.0f} completions, fewer than "
+                             f"the {budget:.0f} to compare at")
+        series = np.array([e.get(metric, np.nan) for e in run["evals"]], dtype=float)
+        if not np.isfinite(series).all():
+            raise ValueError(f"run of seed {run.get('seed')}: {metric!r} is missing or NaN in an evaluation")
+        values.append(float(np.interp(budget, sampled, series)))
+    return np.array(values)
+
+
+COMPARED_AT = ("step", "num_completions")
 
 
 def phenomenon(result: dict, *, chapter: str, phenomenon: str, fix: str, metric: str | None = None,
-               baseline: str | None = None, direction: str | None = None, script: str) -> dict:
+               baseline: str | None = None, direction: str | None = None, fix_metric: str | None = None,
+               fix_direction: str | None = None, compared_at: str = "step", script: str) -> dict:
     """One entry of ``experiments/results/phenomena.json`` from an organism experiment's stored ``result``.
 
-    ``metric`` defaults to the organism's; ``direction`` (which way is *better*) to the opposite of its failure;
-    ``baseline`` to its first arm. Seeds are paired: ``fix_minus_baseline`` needs both arms on the same seeds.
+    The failure: ``metric`` (default: the organism's) under ``baseline`` (default: its first arm) from the first
+    evaluation to the last (``baseline_change``), and, for an organism with a ``failure_threshold``, its level
+    averaged over the evaluations (``baseline_level``, which then decides the gate); ``direction``, which way of ``metric`` is *better*, defaults to the opposite of the
+    organism's failure. The fix: ``fix_metric`` (default ``metric``, better in ``fix_direction``, default
+    ``direction``) of ``fix`` minus ``baseline``, over paired seeds, compared at the last step (``compared_at=
+    "step"``) or, for a fix that spends more samples per step (dynamic sampling), at the number of completions the
+    baseline sampled in its whole run (``"num_completions"``: the fix's evaluations interpolated there).
     """
     organism = result["organism"]
     metric = metric or organism["metric"]
     baseline = baseline or next(iter(result["arms"]))
     opposite = {"up": "down", "down": "up"}
-    if direction is not None and direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    for name, value in (("direction", direction), ("fix_direction", fix_direction)):
+        if value is not None and value not in DIRECTIONS:
+            raise ValueError(f"{name} must be one of {DIRECTIONS}, got {value!r}")
+    if compared_at not in COMPARED_AT:
+        raise ValueError(f"compared_at must be one of {COMPARED_AT}, got {compared_at!r}")
     failure = opposite[direction] if direction is not None else organism["failure"]
     direction = opposite[failure]
+    fix_metric, fix_direction = fix_metric or metric, fix_direction or direction
     for arm_name in (baseline, fix):
         if arm_name not in result["runs"]:
             raise ValueError(f"{result['experiment']}: no arm {arm_name!r}; it has {list(result['runs'])}")
@@ -194,9 +272,18 @@ def phenomenon(result: dict, *, chapter: str, phenomenon: str, fix: str, metric:
     if [r["seed"] for r in base_runs] != [r["seed"] for r in fix_runs]:
         raise ValueError(f"{result['experiment']}: arms {baseline!r} and {fix!r} were not run on the same seeds")
     change = baseline_change(base_runs, metric)
-    difference = paired_difference(metric_at(base_runs, metric, -1), metric_at(fix_runs, metric, -1))
+    threshold = organism.get("failure_threshold") if metric == organism["metric"] else None
+    level = None if threshold is None else baseline_level(base_runs, metric)
+    if compared_at == "step":
+        fix_values = metric_at(fix_runs, fix_metric, -1)
+    else:
+        fix_values = metric_at_completions(fix_runs, fix_metric, metric_at(base_runs, "num_completions", -1))
+    difference = paired_difference(metric_at(base_runs, fix_metric, -1), fix_values)
     return {"chapter": chapter, "phenomenon": phenomenon, "organism": organism["name"], "baseline": baseline,
             "fix": fix, "metric": metric, "direction": direction, "seeds": len(base_runs),
             "baseline_change": [round(x, 6) for x in change],
+            "failure_threshold": threshold, "baseline_level": None if level is None else [round(x, 6) for x in level],
+            "fix_metric": fix_metric, "fix_direction": fix_direction, "compared_at": compared_at,
             "fix_minus_baseline": [round(x, 6) for x in difference],
-            "gate_holds": gate_holds(change, failure), "script": script}
+            "gate_holds": gate_holds(change, failure) if level is None else gate_holds(level, failure, threshold),
+            "script": script}

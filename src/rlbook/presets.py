@@ -39,6 +39,13 @@ class RLConfig:
     num_generations: int = 8  # G completions per prompt
     max_completion_length: int = 16
     temperature: float = 1.0
+    # --- the sampler against the learner. In production an inference engine samples (often in lower precision)
+    # and its log-probs differ from the learner's for the same tokens. sampler_temperature other than temperature
+    # plays such a sampler: it draws and scores at its own temperature. old_logprobs says what the ratio divides
+    # by: "learner" (pi_old recomputed by the training forward whenever it can differ from the sampler's, as TRL)
+    # or "sampler" (the sampler's log-probs, as engines that skip the recompute: the mismatch enters every ratio).
+    sampler_temperature: float | None = None  # None: temperature
+    old_logprobs: str = "learner"
     # --- batch layout, TRL's: generation_batch_size = per_device_train_batch_size * steps_per_generation
     # completions per step; one pass over them is steps_per_generation micro-batches; the optimizer steps after
     # every gradient_accumulation_steps micro-batches; num_iterations passes reuse each rollout (PPO's epochs).
@@ -222,7 +229,8 @@ def _check(c: RLConfig) -> None:
     for name, choices in (("advantage_estimator", tuple(ESTIMATORS)), ("loss_type", LOSS_TYPES),
                           ("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS), ("kl_placement", KL_PLACEMENTS),
                           ("scale_rewards", ("group", "batch", "none")),
-                          ("gfpo_metric", ("length", "token_efficiency")), ("value_init", ("policy", "random"))):
+                          ("gfpo_metric", ("length", "token_efficiency")), ("value_init", ("policy", "random")),
+                          ("old_logprobs", ("learner", "sampler"))):
         if getattr(c, name) not in choices:
             raise ValueError(f"unknown {name} {getattr(c, name)!r}; choose one of {choices}")
     for name in ("learning_rate", "temperature", "epsilon", "max_grad_norm", "beta", "weight_decay", "gamma", "lam",
@@ -242,6 +250,10 @@ def _check(c: RLConfig) -> None:
     if not c.learning_rate > 0 or not c.temperature > 0 or not c.max_grad_norm > 0:
         raise ValueError(f"learning_rate, temperature and max_grad_norm must be positive, got {c.learning_rate}, "
                          f"{c.temperature} and {c.max_grad_norm}")
+    if c.sampler_temperature is not None and (isinstance(c.sampler_temperature, bool) or not isinstance(
+            c.sampler_temperature, (int, float)) or not 0 < c.sampler_temperature < math.inf):
+        raise ValueError(f"sampler_temperature must be a positive finite number or None (the learner's temperature), "
+                         f"got {c.sampler_temperature!r}")
     if not (0 <= c.gamma <= 1 and 0 <= c.lam <= 1):
         raise ValueError(f"gamma and lam must lie in [0, 1], got {c.gamma} and {c.lam}")
     if not c.epsilon > 0 or (c.epsilon_high is not None and not c.epsilon_high > 0):

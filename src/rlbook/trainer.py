@@ -183,18 +183,19 @@ class Trainer:
         """This step's ``num_prompts`` groups of ``num_generations`` completions, rewarded (DAPO: only groups whose
         rewards differ, see :func:`rlbook.rollout.dynamic_sampling`)."""
         config, G = self.config, self.config.num_generations
-        time_reward = 0.0
+        time_reward, num_completions = 0.0, 0
 
         def sample_round(round_: int) -> Rollout:
-            nonlocal time_reward
+            nonlocal time_reward, num_completions
             prompt_seed = [config.seed, step] + ([round_] if round_ else [])
             examples = self.task.sample(config.num_prompts, split="train", seed=np.random.default_rng(prompt_seed))
             with autocast(self.device):
                 batch = generate_rollouts(self.policy, self.tokenizer, [e.prompt for e in examples],
                                           num_generations=G, max_new_tokens=config.max_completion_length,
-                                          temperature=config.temperature,
+                                          temperature=config.sampler_temperature or config.temperature,
                                           seed=_seed(config.seed, step, round_), device=self.device)
             timer = time.perf_counter()
+            num_completions += len(batch)
             completions = batch.decode_completions(self.tokenizer)
             rollout = Rollout(batch, examples, completions, self._rewards(examples, completions, batch))
             time_reward += time.perf_counter() - timer
@@ -207,6 +208,7 @@ class Trainer:
             rollout = sample_round(0)
             rollout.metrics["frac_reward_zero_std"] = float(np.mean(~informative_groups(rollout.rewards, G)))
         rollout.metrics["time/reward"] = time_reward
+        rollout.metrics["num_completions"] = num_completions
         return rollout
 
     def _rewards(self, examples, completions: list[str], batch: RolloutBatch, reward_fn=None) -> np.ndarray:
@@ -256,10 +258,12 @@ class Trainer:
                      else mask)
         with autocast(self.device):
             # The sampler's log-probs are the behaviour policy's; with several updates per rollout
-            # we recompute them with the training forward pass, so that the first ratio is exactly 1
-            # (as TRL does).
-            if (config.num_iterations > 1
-                    or config.steps_per_generation > config.gradient_accumulation_steps):
+            # (or a sampler at another temperature) we recompute them with the training forward pass,
+            # so that the first ratio is exactly 1 (as TRL does), unless old_logprobs="sampler".
+            if config.old_logprobs == "learner" and (
+                    config.num_iterations > 1
+                    or config.steps_per_generation > config.gradient_accumulation_steps
+                    or config.sampler_temperature not in (None, config.temperature)):
                 old_logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask,
                                              temperature=config.temperature)
             else:
