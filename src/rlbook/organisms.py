@@ -148,20 +148,22 @@ ORGANISMS: dict[str, Organism] = {
     ),
     # GMPO's outlier ratios: the sampler and the learner disagree (a sampler at temperature 1.3, the learner at 1,
     # the ratio dividing by the sampler's log-probs as engines that skip the recompute do), so token ratios are
-    # heavy-tailed from the first update; four updates per rollout let them grow.
+    # spread from the first update and four updates per rollout move them further. Under GRPO's token clip, the
+    # rare tokens the hotter sampler draws start with ratios below 1 - epsilon: a wrong answer's are clipped (no
+    # push down) while a right answer's are not (pushed up).
     "outlier_ratios": Organism(
         name="outlier_ratios",
         description="2-digit sums, a sampler at temperature 1.3 whose log-probs the ratio divides by, the learner at "
-                    "1, four updates per rollout: heavy-tailed token ratios",
+                    "1, four updates per rollout: the token ratios are off from the first update",
         policy="arithmetic",
         task_kwargs={"incorrect_reward": -1.0},
         settings=dict(learning_rate=3e-4, max_steps=200, num_iterations=4, per_device_train_batch_size=64,
                       sampler_temperature=1.3, old_logprobs="sampler"),
-        arms={"grpo_no_clip": Arm("grpo", beta=0.0, epsilon=0.999, epsilon_high=1e9),
-              "grpo": Arm("grpo", beta=0.0), "gmpo": Arm("gmpo"),
-              # the control: the same unclipped GRPO with the sampler and the learner agreeing
-              "grpo_no_clip_matched": Arm("grpo", beta=0.0, epsilon=0.999, epsilon_high=1e9,
-                                          sampler_temperature=None, old_logprobs="learner")},
+        arms={"grpo": Arm("grpo", beta=0.0), "gmpo": Arm("gmpo"),
+              # the control: the same GRPO with the sampler and the learner agreeing
+              "grpo_matched": Arm("grpo", beta=0.0, sampler_temperature=None, old_logprobs="learner"),
+              # GRPO without its clip (epsilon_high 1e9; the lower clip at 0.001 never binds in practice)
+              "grpo_no_clip": Arm("grpo", beta=0.0, epsilon=0.999, epsilon_high=1e9)},
         metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=25,
     ),
 }
