@@ -101,6 +101,11 @@ class RLConfig:
     lambda_grpo_init: float = 0.0  # λ = 0 is DAPO's token mean
     lambda_grpo_learning_rate: float = 1e-2
     lambda_grpo_r: float = 0.3  # r < sqrt(G)/(G - 1) keeps h > 0 in every group
+    # --- Routing Replay (GSPO paper, its GRPO baseline on mixture-of-experts policies): score() records the experts
+    # pi_old routes every token to, and the updates compute pi_theta's log-probs on those routes (rlbook.lm.moe.
+    # replay_routes), so a token's ratio does not jump when an update swaps its experts. A MoE policy only (the
+    # Trainer checks).
+    routing_replay: bool = False
     # --- the run
     max_steps: int = 100
     seed: int = 0
@@ -300,5 +305,7 @@ def _check(c: RLConfig) -> None:
         if c.lambda_grpo_learning_rate < 0 or not c.lambda_grpo_r > 0:
             raise ValueError(f"lambda_grpo_learning_rate must be >= 0 (0: a fixed lambda) and lambda_grpo_r positive, "
                              f"got {c.lambda_grpo_learning_rate} and {c.lambda_grpo_r}")
+    if not isinstance(c.routing_replay, bool):
+        raise ValueError(f"routing_replay must be True or False, got {c.routing_replay!r}")
     if c.dynamic_sampling and c.num_generations < 2:
         raise ValueError("dynamic_sampling needs num_generations >= 2 (a group of one always has equal rewards)")

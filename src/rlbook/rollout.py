@@ -182,7 +182,8 @@ class ScoredRollout:
     """What an update needs from a :class:`Rollout`, on the trainer's device: ``mask`` (B, T) marks completion
     tokens and ``loss_mask`` the ones that enter the loss; ``lengths`` (B,) their count; ``rewards`` (B,) after
     shaping; ``correct`` (B,) bool by the task's rule; ``old_logp``, ``ref_logp``, ``old_values`` (B, T);
-    ``advantages`` (B,) or (B, T); ``returns`` (B, T), the value targets; ``metrics`` of the scoring phase."""
+    ``advantages`` (B,) or (B, T); ``returns`` (B, T), the value targets; ``metrics`` of the scoring phase;
+    ``routes`` (layers, B, L, k), the experts the old policy routed every token to (Routing Replay only)."""
 
     rollout: Rollout
     input_ids: torch.Tensor
@@ -198,6 +199,7 @@ class ScoredRollout:
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     metrics: dict = field(default_factory=dict)
+    routes: torch.Tensor | None = None
 
 
 def informative_groups(rewards, num_generations: int) -> np.ndarray:

@@ -16,6 +16,7 @@ seed see the same prompts.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import time
@@ -27,6 +28,7 @@ import torch
 from rlbook.advantages import ESTIMATORS, AdvantageInputs
 from rlbook.callbacks import MetricsLogger, ProgressBar, TrainerCallback
 from rlbook.lm import autocast
+from rlbook.lm.moe import expert_choices, is_moe, replay_routes
 from rlbook.lm.value import build_value_model, token_values
 from rlbook.metrics import explained_variance, rollout_metrics
 from rlbook.objectives import (
@@ -70,6 +72,9 @@ class Trainer:
         self.policy, self.tokenizer, self.task, self.config = policy, tokenizer, task, config
         self.device = next(policy.parameters()).device
         self.reward_fn = reward_fn or task.rewards
+        if config.routing_replay and not is_moe(policy):
+            raise ValueError(f"routing_replay replays a mixture-of-experts policy's routes, but "
+                             f"{type(policy).__name__} has no router; set routing_replay=False")
         self.reference = _frozen_copy(policy) if config.beta > 0 else None
         if config.needs_value_model and value_model is None:
             value_model = build_value_model(policy, init=config.value_init, seed=config.seed)
@@ -278,6 +283,8 @@ class Trainer:
                 metrics["objective/kl"] = k1.sum(-1).mean().item()
             old_values = (token_values(self.value_model, input_ids, attention_mask, mask)
                           if self.value_model else None)
+            # Routing Replay: the experts pi_old sends every token to, reused by the updates
+            routes = expert_choices(self.policy, input_ids, attention_mask) if config.routing_replay else None
 
         # Where the KL penalty goes: into the per-token reward (PPO-RLHF: -beta k1 at every token),
         # or into the loss (GRPO: + beta k3 per token, in policy_loss).
@@ -301,7 +308,7 @@ class Trainer:
         correct = torch.as_tensor(gold == self.task.correct_reward, device=self.device)
         return ScoredRollout(rollout, input_ids, attention_mask, mask, loss_mask, mask.sum(-1),
                              rewards, correct, old_logp, estimate.advantages, ref_logp, old_values,
-                             estimate.returns, metrics)
+                             estimate.returns, metrics, routes)
 
     # --- the update -----------------------------------------------------------------------------------------
 
@@ -371,8 +378,11 @@ class Trainer:
         with autocast(self.device):
             # no policy loss when every completion here was filtered out
             if not value_only and bool(loss_mask.any()):
-                logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask,
-                                         temperature=config.temperature)
+                # Routing Replay: pi_theta's log-probs on the routes pi_old took
+                with (replay_routes(self.policy, scored.routes[:, rows]) if scored.routes is not None
+                      else contextlib.nullcontext()):
+                    logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask,
+                                             temperature=config.temperature)
                 kl_in_loss = self.kl_coef if config.kl_placement == "loss" else 0.0
                 weights = None
                 # λ-GRPO: the weights of whole groups, then these rows'

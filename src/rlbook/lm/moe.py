@@ -7,7 +7,8 @@ forward (:mod:`rlbook.lm.lean`) does not support it, so :mod:`rlbook.rollout` us
 
 The choice is discrete: a small change of the weights can swap a token's experts, and then the token's log-prob
 jumps. GSPO's paper names this as the reason token-level ratios fluctuate on MoE models. :func:`expert_choices`
-records the choice; :func:`routing_changed` compares two policies' choices token by token.
+records the choice; :func:`routing_changed` compares two policies' choices token by token; :func:`replay_routes`
+makes a forward pass use recorded choices (Routing Replay, the GSPO paper's fix for GRPO on MoE models).
 
     choices_old = expert_choices(old_model, input_ids, attention_mask)     # (layers, B, L, k)
     choices_new = expert_choices(new_model, input_ids, attention_mask)
@@ -15,6 +16,8 @@ records the choice; :func:`routing_changed` compares two policies' choices token
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -70,3 +73,54 @@ def routing_changed(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     if old.shape != new.shape:
         raise ValueError(f"expert choices of different shapes: {tuple(old.shape)} and {tuple(new.shape)}")
     return (old != new).any(-1).any(0)
+
+
+def routed_scores(logits: torch.Tensor, indices: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+    """The router's mixing weights of the experts ``indices`` (N, k), from its ``logits`` (N, E): the softmax
+    probabilities gathered at those experts, renormalised to sum to 1 when ``normalize`` (the router's
+    ``norm_topk_prob``), in the logits' dtype. With ``indices`` the top-k of ``logits`` this is what the router
+    itself returns; differentiable in ``logits``."""
+    scores = logits.softmax(-1, dtype=torch.float).gather(-1, indices)
+    if normalize:
+        scores = scores / scores.sum(-1, keepdim=True)
+    return scores.to(logits.dtype)
+
+
+@contextlib.contextmanager
+def replay_routes(model, choices: torch.Tensor):
+    """Routing Replay (GSPO paper, its GRPO baseline on MoE models): while active, every router of ``model`` sends
+    each token to the experts recorded in ``choices`` instead of its own top-k.
+
+    ``choices`` is (layers, B, L, k) as :func:`expert_choices` returns for the old policy; every forward pass inside
+    the block must be over the same (B, L) tokens. The routers still compute their logits, and the mixing weights
+    are the current softmax probabilities at the recorded experts (:func:`routed_scores`), so gradients reach the
+    routers through the weights; only the discrete choice is frozen. Raises ``ValueError`` for a dense model or
+    ``choices`` of the wrong shape.
+
+        routes = expert_choices(policy, input_ids, attention_mask)        # pi_old's experts, before the updates
+        with replay_routes(policy, routes):
+            logp = sequence_logprobs(policy, input_ids, attention_mask, mask)  # pi_theta on pi_old's routes
+    """
+    gates = routers(model)
+    if not gates:
+        raise ValueError(f"{type(model).__name__} has no mixture-of-experts router: replay_routes needs a MoE model")
+    if choices.dim() != 4 or choices.shape[0] != len(gates) or choices.shape[-1] != gates[0].top_k:
+        raise ValueError(f"choices must be (layers={len(gates)}, B, L, k={gates[0].top_k}) as expert_choices "
+                         f"returns, got {tuple(choices.shape)}")
+
+    def replace(layer: int):
+        def hook(module, args, output):
+            logits = output[0]
+            indices = choices[layer].reshape(-1, choices.shape[-1]).to(logits.device)
+            if indices.shape[0] != logits.shape[0]:
+                raise ValueError(f"replay_routes: the forward pass has {logits.shape[0]} tokens, the recorded "
+                                 f"routes {indices.shape[0]} (B x L = {tuple(choices.shape[1:3])})")
+            return logits, routed_scores(logits, indices, getattr(module, "norm_topk_prob", True)), indices
+        return hook
+
+    hooks = [gate.register_forward_hook(replace(layer)) for layer, gate in enumerate(gates)]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
