@@ -9,6 +9,7 @@ and at the end. The stored file is what ``experiments/phenomena.py`` and the cha
     python experiments/organisms.py length_inflation            # experiments/results/organism_length_inflation.json
     python experiments/organisms.py entropy_collapse --seeds 8
     python experiments/organisms.py length_inflation --arms grpo --seeds 3 --out /tmp/gate.json   # the gate alone
+    python experiments/organisms.py outlier_ratios --arms grpo_wide --seeds 8 --merge   # an arm added later
 """
 
 from __future__ import annotations
@@ -45,16 +46,17 @@ def run_one(arm_name, arm, seed, *, organism: str, evaluation: dict | None = Non
 
 
 def run(organism: str, arms=None, seeds=(0, 1, 2, 3, 4), *, out=None, processes=None, arguments=None,
-        evaluation: dict | None = None, **settings) -> dict:
+        evaluation: dict | None = None, merge: bool = False, **settings) -> dict:
     """Run ``arms`` (default: all) of ``organism`` for ``seeds``; ``settings`` and ``evaluation`` override the
-    organism's training settings and held-out evaluation sizes (the tests shorten runs)."""
+    organism's training settings and held-out evaluation sizes (the tests shorten runs). ``merge`` keeps the other
+    arms of the stored ``out`` (same settings and seeds): an arm added to an organism runs alone."""
     spec = get_organism(organism)
     arms = list(spec.arms) if arms is None else list(arms)
     common = {**spec.settings, **settings}
     result = run_experiment(f"organism_{organism}", functools.partial(run_one, organism=organism, evaluation=evaluation, **settings),
                             {a: spec.arm(a) for a in arms}, seeds, out=out, common=common,
                             processes=processes, steps_per_run=common["max_steps"], arguments=arguments,
-                            checkpoints=[spec.policy], description=spec.description,
+                            checkpoints=[spec.policy], description=spec.description, merge=merge,
                             extra={"organism": spec.to_json()},
                             summary={f"{spec.metric} start": lambda r: r["evals"][0][spec.metric],
                                      f"{spec.metric} end": lambda r: r["evals"][-1][spec.metric],
@@ -81,10 +83,12 @@ def main():
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--processes", type=int, default=None, help="worker processes (default: one per core)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the stored file's other arms (an arm added later, run alone)")
     args = parser.parse_args()
     out = args.out or results_path(args.organism)
     run(args.organism, args.arms, seeds=range(args.first_seed, args.first_seed + args.seeds), out=out,
-        processes=args.processes, arguments={**vars(args), "out": str(out)})
+        processes=args.processes, merge=args.merge, arguments={**vars(args), "out": str(out)})
 
 
 if __name__ == "__main__":

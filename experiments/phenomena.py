@@ -33,6 +33,8 @@ PHENOMENA = [
          organism="entropy_collapse", fix="clip_higher", metric="entropy", direction="up"),
     dict(chapter="gmpo", phenomenon="token entropy collapses under GRPO",
          organism="entropy_collapse", baseline="grpo", fix="gmpo", metric="entropy", direction="up"),
+    dict(chapter="gmpo", phenomenon="accuracy collapses under GRPO's clip when the sampler and the learner disagree",
+         organism="outlier_ratios", fix="gmpo"),
     # the failure is a level (most groups without reward spread); the fix is judged on accuracy per completion
     # sampled, since dynamic sampling draws more completions per step
     dict(chapter="dapo", phenomenon="most groups are all right and carry no gradient",
