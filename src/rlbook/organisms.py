@@ -111,7 +111,12 @@ ORGANISMS: dict[str, Organism] = {
         settings=dict(max_completion_length=64, learning_rate=3e-4, max_steps=300, per_device_train_batch_size=64),
         arms={"grpo": Arm("grpo", beta=0.0), "dr_grpo": Arm("dr_grpo"),
               "gfpo": Arm("gfpo", num_generations=16, per_device_train_batch_size=128, gfpo_k=8),
-              "lambda_grpo": Arm("lambda_grpo")},
+              "lambda_grpo": Arm("lambda_grpo"),
+              # added after the first runs, DAPO's parts one at a time on GRPO, then DAPO whole (budget 64: its
+              # overlong buffer is 16)
+              "token_loss": Arm("grpo", beta=0.0, loss_type="dapo"),
+              "overlong_shaping": Arm("grpo", beta=0.0, mask_truncated_completions=True, overlong_buffer_length=16),
+              "dapo": Arm("dapo")},
         metric="mean_length_wrong", failure="up", num_prompts=1024, num_samples=8, eval_every=100,
     ),
     # DAPO's clip-higher: many valid answers per prompt, several updates per rollout so the clip binds; under the
@@ -163,7 +168,10 @@ ORGANISMS: dict[str, Organism] = {
               # the control: the same GRPO with the sampler and the learner agreeing
               "grpo_matched": Arm("grpo", beta=0.0, sampler_temperature=None, old_logprobs="learner"),
               # GRPO without its clip (epsilon_high 1e9; the lower clip at 0.001 never binds in practice)
-              "grpo_no_clip": Arm("grpo", beta=0.0, epsilon=0.999, epsilon_high=1e9)},
+              "grpo_no_clip": Arm("grpo", beta=0.0, epsilon=0.999, epsilon_high=1e9),
+              # added after the first runs: GRPO with GMPO's range, (e^-0.4, e^0.4) = (0.67, 1.49), as a linear
+              # clip, to tell the geometric mean from the wider range
+              "grpo_wide": Arm("grpo", beta=0.0, epsilon=0.33, epsilon_high=0.49)},
         metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=25,
     ),
 }
