@@ -127,3 +127,20 @@ def test_routing_replay_on_a_dense_policy_is_an_error():
                 preset("grpo", routing_replay=True))
     with pytest.raises(ValueError, match="routing_replay must be True or False"):
         preset("grpo", routing_replay=1)
+    with pytest.raises(ValueError, match="router_learning_rate needs a mixture-of-experts policy"):
+        Trainer(build_model("tiny"), build_tokenizer(), get_task("arithmetic", num_digits=1),
+                preset("grpo", router_learning_rate=1e-3))
+    with pytest.raises(ValueError, match="router_learning_rate must be a positive"):
+        preset("grpo", router_learning_rate=0.0)
+
+
+def test_the_routers_learn_at_their_own_rate():
+    task = get_task("arithmetic", num_digits=1, operations="+")
+    config = preset("grpo", router_learning_rate=5e-3, learning_rate=1e-4, max_completion_length=4,
+                    num_generations=4, per_device_train_batch_size=8)
+    trainer = Trainer(moe(), build_tokenizer(), task, config)
+    body, router = trainer.optimizer.param_groups
+    assert (body["lr"], router["lr"], router["name"]) == (1e-4, 5e-3, "router")
+    assert [id(p) for p in router["params"]] == [id(gate.weight) for gate in routers(trainer.policy)]
+    assert len(body["params"]) + len(router["params"]) == len(list(trainer.policy.parameters()))
+    assert len(Trainer(moe(), build_tokenizer(), task, preset("grpo")).optimizer.param_groups) == 1

@@ -106,6 +106,9 @@ class RLConfig:
     # replay_routes), so a token's ratio does not jump when an update swaps its experts. A MoE policy only (the
     # Trainer checks).
     routing_replay: bool = False
+    # the routers' weights in their own AdamW group at this learning rate (None: learning_rate), a router that moves
+    # faster than the rest of a MoE policy
+    router_learning_rate: float | None = None
     # --- the run
     max_steps: int = 100
     seed: int = 0
@@ -305,6 +308,10 @@ def _check(c: RLConfig) -> None:
         if c.lambda_grpo_learning_rate < 0 or not c.lambda_grpo_r > 0:
             raise ValueError(f"lambda_grpo_learning_rate must be >= 0 (0: a fixed lambda) and lambda_grpo_r positive, "
                              f"got {c.lambda_grpo_learning_rate} and {c.lambda_grpo_r}")
+    if c.router_learning_rate is not None and (isinstance(c.router_learning_rate, bool) or not isinstance(
+            c.router_learning_rate, (int, float)) or not 0 < c.router_learning_rate < math.inf):
+        raise ValueError(f"router_learning_rate must be a positive finite number or None (learning_rate), "
+                         f"got {c.router_learning_rate!r}")
     if not isinstance(c.routing_replay, bool):
         raise ValueError(f"routing_replay must be True or False, got {c.routing_replay!r}")
     if c.dynamic_sampling and c.num_generations < 2:

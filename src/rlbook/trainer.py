@@ -28,7 +28,7 @@ import torch
 from rlbook.advantages import ESTIMATORS, AdvantageInputs
 from rlbook.callbacks import MetricsLogger, ProgressBar, TrainerCallback
 from rlbook.lm import autocast
-from rlbook.lm.moe import expert_choices, is_moe, replay_routes
+from rlbook.lm.moe import expert_choices, is_moe, replay_routes, routers
 from rlbook.lm.value import build_value_model, token_values
 from rlbook.metrics import explained_variance, rollout_metrics
 from rlbook.objectives import (
@@ -72,16 +72,21 @@ class Trainer:
         self.policy, self.tokenizer, self.task, self.config = policy, tokenizer, task, config
         self.device = next(policy.parameters()).device
         self.reward_fn = reward_fn or task.rewards
-        if config.routing_replay and not is_moe(policy):
-            raise ValueError(f"routing_replay replays a mixture-of-experts policy's routes, but "
-                             f"{type(policy).__name__} has no router; set routing_replay=False")
+        for name in ("routing_replay", "router_learning_rate"):
+            if getattr(config, name) not in (None, False) and not is_moe(policy):
+                raise ValueError(f"{name} needs a mixture-of-experts policy, but {type(policy).__name__} has no "
+                                 f"router; leave {name} unset")
         self.reference = _frozen_copy(policy) if config.beta > 0 else None
         if config.needs_value_model and value_model is None:
             value_model = build_value_model(policy, init=config.value_init, seed=config.seed)
         self.value_model = value_model if config.needs_value_model else None
         params = list(policy.parameters()) + (list(self.value_model.parameters())
                                               if self.value_model else [])
-        self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate,
+        # a MoE's routers in their own group when they learn at their own rate
+        gates = [gate.weight for gate in routers(policy)] if config.router_learning_rate is not None else []
+        groups = [{"params": [p for p in params if all(p is not g for g in gates)]}]
+        groups += [{"params": gates, "lr": config.router_learning_rate, "name": "router"}] if gates else []
+        self.optimizer = torch.optim.AdamW(groups, lr=config.learning_rate,
                                            weight_decay=config.weight_decay)
         # λ-GRPO's learnable λ: its own parameter group, outside the clipping
         self.response_weight_lambda = None

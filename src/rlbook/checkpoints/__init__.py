@@ -51,6 +51,7 @@ class Recipe:
     size: str = "tiny"
     arch: str = "llama"
     model_seed: int = 0
+    model_kwargs: dict = field(default_factory=dict)  # more build_model settings (a MoE's num_experts, ...)
     sft: SFTConfig = field(default_factory=SFTConfig)
     final_eval_size: int = 512  # "test" prompts for the accuracy recorded in the manifest (one sample each, T = 1)
     accuracy_band: tuple[float, float] = (0.3, 0.7)  # where that accuracy must lie: headroom for RL, above zero
@@ -85,6 +86,17 @@ RECIPES: dict[str, Recipe] = {
         task="sort_digits",
         task_kwargs={"min_length": 3, "max_length": 6, "scratchpad": True},
         sft=SFTConfig(max_steps=3000, eval_every=25, stop_at_accuracy=0.35, max_new_tokens=40, seed=0),
+    ),
+    # The sort_scratchpad recipe on a mixture of experts (Qwen3-MoE: 16 experts a layer, 2 per token, no
+    # load-balancing loss): the routing_drift organism (GSPO's Routing Replay), whose answers are long enough
+    # (~40 tokens) for many tokens to be re-routed by an update.
+    "sort_scratchpad_moe": Recipe(
+        task="sort_digits",
+        task_kwargs={"min_length": 3, "max_length": 6, "scratchpad": True},
+        arch="qwen3_moe",
+        model_kwargs={"num_experts": 16, "num_experts_per_tok": 2},
+        sft=SFTConfig(max_steps=3000, eval_every=25, stop_at_accuracy=0.35, max_new_tokens=40, seed=0),
+        accuracy_band=(0.25, 0.6),
     ),
     "constraint_string": Recipe(
         task="constraint_string",
@@ -125,7 +137,7 @@ def train_base_policy(recipe: Recipe, max_steps: int | None = None):
     torch.set_num_threads(1)  # float reductions in a fixed order: the same bytes on every run on this CPU
     try:
         tokenizer = build_tokenizer()
-        model = build_model(recipe.size, arch=recipe.arch, seed=recipe.model_seed)
+        model = build_model(recipe.size, arch=recipe.arch, seed=recipe.model_seed, **recipe.model_kwargs)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
             history = train_sft(model, tokenizer, recipe.make_task(), config)
