@@ -31,6 +31,8 @@ PHENOMENA = [
          organism="length_inflation", fix="lambda_grpo", metric="mean_length_wrong", direction="down"),
     dict(chapter="dapo", phenomenon="token entropy collapses under the symmetric clip",
          organism="entropy_collapse", fix="clip_higher", metric="entropy", direction="up"),
+    dict(chapter="dapo", phenomenon="wrong answers grow longer under GRPO's per-completion 1/|o_i|",
+         organism="length_inflation", fix="token_loss", metric="mean_length_wrong", direction="down"),
     dict(chapter="gmpo", phenomenon="token entropy collapses under GRPO",
          organism="entropy_collapse", baseline="grpo", fix="gmpo", metric="entropy", direction="up"),
     dict(chapter="gmpo", phenomenon="accuracy collapses under GRPO's clip when the sampler and the learner disagree",
