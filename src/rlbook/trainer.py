@@ -74,8 +74,8 @@ class Trainer:
         self.reward_fn = reward_fn or task.rewards
         for name in ("routing_replay", "router_learning_rate"):
             if getattr(config, name) not in (None, False) and not is_moe(policy):
-                raise ValueError(f"{name} needs a mixture-of-experts policy, but {type(policy).__name__} has no "
-                                 f"router; leave {name} unset")
+                raise ValueError(f"{name} needs a mixture-of-experts policy, but "
+                                 f"{type(policy).__name__} has no router; leave {name} unset")
         self.reference = _frozen_copy(policy) if config.beta > 0 else None
         if config.needs_value_model and value_model is None:
             value_model = build_value_model(policy, init=config.value_init, seed=config.seed)
@@ -83,9 +83,11 @@ class Trainer:
         params = list(policy.parameters()) + (list(self.value_model.parameters())
                                               if self.value_model else [])
         # a MoE's routers in their own group when they learn at their own rate
-        gates = [gate.weight for gate in routers(policy)] if config.router_learning_rate is not None else []
+        gates = ([gate.weight for gate in routers(policy)]
+                 if config.router_learning_rate is not None else [])
         groups = [{"params": [p for p in params if all(p is not g for g in gates)]}]
-        groups += [{"params": gates, "lr": config.router_learning_rate, "name": "router"}] if gates else []
+        if gates:
+            groups.append({"params": gates, "lr": config.router_learning_rate, "name": "router"})
         self.optimizer = torch.optim.AdamW(groups, lr=config.learning_rate,
                                            weight_decay=config.weight_decay)
         # λ-GRPO's learnable λ: its own parameter group, outside the clipping
@@ -267,9 +269,10 @@ class Trainer:
         loss_mask = (mask * (~batch.truncated)[:, None] if config.mask_truncated_completions
                      else mask)
         with autocast(self.device):
-            # The sampler's log-probs are the behaviour policy's; with several updates per rollout
-            # (or a sampler at another temperature) we recompute them with the training forward pass,
-            # so that the first ratio is exactly 1 (as TRL does), unless old_logprobs="sampler".
+            # The sampler's log-probs are the behaviour policy's; with several updates per
+            # rollout (or a sampler at another temperature) we recompute them with the training
+            # forward pass, so that the first ratio is exactly 1 (as TRL does), unless
+            # old_logprobs="sampler".
             if config.old_logprobs == "learner" and (
                     config.num_iterations > 1
                     or config.steps_per_generation > config.gradient_accumulation_steps
@@ -289,7 +292,8 @@ class Trainer:
             old_values = (token_values(self.value_model, input_ids, attention_mask, mask)
                           if self.value_model else None)
             # Routing Replay: the experts pi_old sends every token to, reused by the updates
-            routes = expert_choices(self.policy, input_ids, attention_mask) if config.routing_replay else None
+            routes = (expert_choices(self.policy, input_ids, attention_mask)
+                      if config.routing_replay else None)
 
         # Where the KL penalty goes: into the per-token reward (PPO-RLHF: -beta k1 at every token),
         # or into the loss (GRPO: + beta k3 per token, in policy_loss).
@@ -384,8 +388,9 @@ class Trainer:
             # no policy loss when every completion here was filtered out
             if not value_only and bool(loss_mask.any()):
                 # Routing Replay: pi_theta's log-probs on the routes pi_old took
-                with (replay_routes(self.policy, scored.routes[:, rows]) if scored.routes is not None
-                      else contextlib.nullcontext()):
+                replay = (replay_routes(self.policy, scored.routes[:, rows])
+                          if scored.routes is not None else contextlib.nullcontext())
+                with replay:
                     logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask,
                                              temperature=config.temperature)
                 kl_in_loss = self.kl_coef if config.kl_placement == "loss" else 0.0
