@@ -25,7 +25,7 @@ from rlbook.organisms import ORGANISMS, baseline_change, baseline_level, gate_ho
 RESULTS = Path(__file__).parent / "results"
 LOGGED = ("accuracy", "entropy", "completions/mean_length", "completions/clipped_ratio", "clip_ratio/region_mean",
           "frac_reward_zero_std", "num_completions", "dynamic_sampling/groups", "clip_ratio/low_mean",
-          "clip_ratio/high_mean", "ratio/min", "ratio/max")
+          "clip_ratio/high_mean", "ratio/min", "ratio/max", "moe/route_changed")
 
 
 def results_path(name: str) -> Path:
@@ -35,12 +35,16 @@ def results_path(name: str) -> Path:
 def run_one(arm_name, arm, seed, *, organism: str, evaluation: dict | None = None, **settings) -> dict:
     """One run: train ``arm`` from the organism's base policy, evaluating on its held-out prompts
     (``evaluation`` overrides the organism's ``num_prompts``, ``num_samples``, ``eval_every``: the tests)."""
+    from rlbook.callbacks import ExpertRoutingChanges
+
     spec = get_organism(organism)
     settings = {**spec.settings, **settings}
     sizes = {"num_prompts": spec.num_prompts, "num_samples": spec.num_samples, "every": spec.eval_every,
              **(evaluation or {})}
     evaluation = HeldOutEvaluation(**sizes, ks=(1, sizes["num_samples"]))
-    record = train_run(spec.policy, arm, seed, callbacks=[evaluation], logged=LOGGED, **settings)
+    # a mixture-of-experts policy also logs the share of tokens its updates re-routed (nothing for a dense one)
+    record = train_run(spec.policy, arm, seed, callbacks=[evaluation, ExpertRoutingChanges()], logged=LOGGED,
+                       **settings)
     record["evals"] = evaluation.records
     return record
 

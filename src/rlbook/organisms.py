@@ -174,6 +174,25 @@ ORGANISMS: dict[str, Organism] = {
               "grpo_wide": Arm("grpo", beta=0.0, epsilon=0.33, epsilon_high=0.49)},
         metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=25,
     ),
+    # GSPO's routing drift: a mixture of experts (16 a layer, 2 per token, no load-balancing loss) whose routers learn
+    # ten times faster than the rest, eight updates per rollout (4 minibatches, 2 passes), ~40-token answers: each
+    # step's updates re-route well over 10 % of the completion tokens (moe/route_changed), so a token's ratio can
+    # jump when it changes experts. The fixes: GSPO's sequence ratio, and the GSPO paper's baseline for GRPO, Routing
+    # Replay (the ratio's pi_theta computed on the experts pi_old chose). In the 2-seed pilot (200 steps) the gate did
+    # not hold: GRPO dipped mid-run and recovered, and GRPO with Routing Replay dipped alike.
+    "routing_drift": Organism(
+        name="routing_drift",
+        description="sort 3-6 digits with a scratchpad on a 16-expert mixture of experts whose routers learn fast, "
+                    "±1 rewards, eight updates per rollout: each step re-routes many tokens and GRPO's token "
+                    "ratios jump",
+        policy="sort_scratchpad_moe",
+        task_kwargs={"incorrect_reward": -1.0},
+        settings=dict(learning_rate=3e-4, router_learning_rate=3e-3, max_steps=200, per_device_train_batch_size=32,
+                      steps_per_generation=4, num_iterations=2),
+        arms={"grpo": Arm("grpo", beta=0.0, epsilon=0.2, epsilon_high=0.27), "gspo": Arm("gspo"),
+              "grpo_routing_replay": Arm("grpo", beta=0.0, epsilon=0.2, epsilon_high=0.27, routing_replay=True)},
+        metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=50,
+    ),
 }
 
 
@@ -257,11 +276,12 @@ def phenomenon(result: dict, *, chapter: str, phenomenon: str, fix: str, metric:
 
     The failure: ``metric`` (default: the organism's) under ``baseline`` (default: its first arm) from the first
     evaluation to the last (``baseline_change``), and, for an organism with a ``failure_threshold``, its level
-    averaged over the evaluations (``baseline_level``, which then decides the gate); ``direction``, which way of ``metric`` is *better*, defaults to the opposite of the
-    organism's failure. The fix: ``fix_metric`` (default ``metric``, better in ``fix_direction``, default
-    ``direction``) of ``fix`` minus ``baseline``, over paired seeds, compared at the last step (``compared_at=
-    "step"``) or, for a fix that spends more samples per step (dynamic sampling), at the number of completions the
-    baseline sampled in its whole run (``"num_completions"``: the fix's evaluations interpolated there).
+    averaged over the evaluations (``baseline_level``, which then decides the gate); ``direction``, which way of
+    ``metric`` is *better*, defaults to the opposite of the organism's failure. The fix: ``fix_metric`` (default
+    ``metric``, better in ``fix_direction``, default ``direction``) of ``fix`` minus ``baseline``, over paired
+    seeds, compared at the last step (``compared_at="step"``) or, for a fix that spends more samples per step
+    (dynamic sampling), at the number of completions the baseline sampled in its whole run (``"num_completions"``:
+    the fix's evaluations interpolated there).
     """
     organism = result["organism"]
     metric = metric or organism["metric"]
