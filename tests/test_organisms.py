@@ -125,6 +125,8 @@ def test_organism_reduced_run(name):
     for arm in arms:
         (run,) = result["runs"][arm]
         assert [e["step"] for e in run["evals"]] == [0, 2]
+        assert run["evals"][0]["num_completions"] == 0  # the completions sampled for training so far
+        assert run["evals"][-1]["num_completions"] == sum(run["metrics"]["num_completions"]) > 0
         assert run["config"]["max_steps"] == 2 and len(run["metrics"]["entropy"]) == 2
         assert 0.0 <= run["evals"][-1]["expected_accuracy"] <= 1.0 and run["evals"][-1][spec.metric] >= 0.0
     # the same start for every arm: the same base policy, prompts and sampling stream
