@@ -37,6 +37,8 @@ PHENOMENA = [
          organism="entropy_collapse", baseline="grpo", fix="gmpo", metric="entropy", direction="up"),
     dict(chapter="gmpo", phenomenon="accuracy collapses under GRPO's clip when the sampler and the learner disagree",
          organism="outlier_ratios", fix="gmpo"),
+    dict(chapter="gspo", phenomenon="GRPO's accuracy falls when an MoE's routing moves under it",
+         organism="routing_drift", fix="gspo"),
     # the failure is a level (most groups without reward spread); the fix is judged on accuracy per completion
     # sampled, since dynamic sampling draws more completions per step
     dict(chapter="dapo", phenomenon="most groups are all right and carry no gradient",
