@@ -135,8 +135,12 @@ class ExpertRoutingChanges(TrainerCallback):
     def on_score_end(self, trainer, scored):
         from rlbook.lm.moe import expert_choices, is_moe
 
-        self.before = expert_choices(trainer.policy, scored.input_ids, scored.attention_mask) \
-            if is_moe(trainer.policy) else None
+        if not is_moe(trainer.policy):
+            self.before = None
+        elif scored.routes is not None:  # Routing Replay has recorded the old policy's experts already
+            self.before = scored.routes
+        else:
+            self.before = expert_choices(trainer.policy, scored.input_ids, scored.attention_mask)
 
     def on_update_end(self, trainer, scored):
         from rlbook.lm.moe import expert_choices, routing_changed

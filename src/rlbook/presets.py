@@ -126,6 +126,11 @@ class RLConfig:
         return self.per_device_train_batch_size * self.steps_per_generation
 
     @property
+    def sampling_temperature(self) -> float:
+        """The temperature the sampler draws and scores at: ``sampler_temperature``, else ``temperature``."""
+        return self.temperature if self.sampler_temperature is None else self.sampler_temperature
+
+    @property
     def num_prompts(self) -> int:
         """Prompts per step."""
         return self.generation_batch_size // self.num_generations
@@ -258,10 +263,12 @@ def _check(c: RLConfig) -> None:
     if not c.learning_rate > 0 or not c.temperature > 0 or not c.max_grad_norm > 0:
         raise ValueError(f"learning_rate, temperature and max_grad_norm must be positive, got {c.learning_rate}, "
                          f"{c.temperature} and {c.max_grad_norm}")
-    if c.sampler_temperature is not None and (isinstance(c.sampler_temperature, bool) or not isinstance(
-            c.sampler_temperature, (int, float)) or not 0 < c.sampler_temperature < math.inf):
-        raise ValueError(f"sampler_temperature must be a positive finite number or None (the learner's temperature), "
-                         f"got {c.sampler_temperature!r}")
+    for name, default in (("sampler_temperature", "the learner's temperature"),
+                          ("router_learning_rate", "learning_rate")):
+        value = getattr(c, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 < value < math.inf):
+            raise ValueError(f"{name} must be a positive finite number or None ({default}), got {value!r}")
     if not (0 <= c.gamma <= 1 and 0 <= c.lam <= 1):
         raise ValueError(f"gamma and lam must lie in [0, 1], got {c.gamma} and {c.lam}")
     if not c.epsilon > 0 or (c.epsilon_high is not None and not c.epsilon_high > 0):
@@ -308,10 +315,6 @@ def _check(c: RLConfig) -> None:
         if c.lambda_grpo_learning_rate < 0 or not c.lambda_grpo_r > 0:
             raise ValueError(f"lambda_grpo_learning_rate must be >= 0 (0: a fixed lambda) and lambda_grpo_r positive, "
                              f"got {c.lambda_grpo_learning_rate} and {c.lambda_grpo_r}")
-    if c.router_learning_rate is not None and (isinstance(c.router_learning_rate, bool) or not isinstance(
-            c.router_learning_rate, (int, float)) or not 0 < c.router_learning_rate < math.inf):
-        raise ValueError(f"router_learning_rate must be a positive finite number or None (learning_rate), "
-                         f"got {c.router_learning_rate!r}")
     if not isinstance(c.routing_replay, bool):
         raise ValueError(f"routing_replay must be True or False, got {c.routing_replay!r}")
     if c.dynamic_sampling and c.num_generations < 2:

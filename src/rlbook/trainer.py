@@ -204,7 +204,7 @@ class Trainer:
             with autocast(self.device):
                 batch = generate_rollouts(self.policy, self.tokenizer, [e.prompt for e in examples],
                                           num_generations=G, max_new_tokens=config.max_completion_length,
-                                          temperature=config.sampler_temperature or config.temperature,
+                                          temperature=config.sampling_temperature,
                                           seed=_seed(config.seed, step, round_), device=self.device)
             timer = time.perf_counter()
             num_completions += len(batch)
@@ -276,7 +276,7 @@ class Trainer:
             if config.old_logprobs == "learner" and (
                     config.num_iterations > 1
                     or config.steps_per_generation > config.gradient_accumulation_steps
-                    or config.sampler_temperature not in (None, config.temperature)):
+                    or config.sampling_temperature != config.temperature):
                 old_logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask,
                                              temperature=config.temperature)
             else:
