@@ -21,7 +21,9 @@ OUT = RESULTS / "phenomena.json"
 
 # chapter, what fails under the baseline, the organism, the fix's arm, the metric (default: the organism's), and
 # which way is better (default: against the organism's failure); the fix's own metric where it differs, and where
-# the fix is compared with the baseline (the last step, or the baseline's number of completions sampled).
+# the fix is compared with the baseline (the last step, or the baseline's number of completions sampled). An
+# experiment with a script of its own (not experiments/organisms.py) names it and its stored file's stem
+# (``script=``, ``results=``); its file keeps the organisms' layout.
 PHENOMENA = [
     dict(chapter="dr_grpo", phenomenon="wrong answers grow longer under GRPO's per-completion 1/|o_i|",
          organism="length_inflation", fix="dr_grpo", metric="mean_length_wrong", direction="down"),
@@ -44,14 +46,25 @@ PHENOMENA = [
     dict(chapter="dapo", phenomenon="most groups are all right and carry no gradient",
          organism="zero_gradient", fix="dynamic_sampling", fix_metric="expected_accuracy", fix_direction="up",
          compared_at="num_completions"),
+    # --- Parts III and V (issue 20) ---
+    # [policy_gradient phenomena]
+    # [ppo phenomena]
+    # [ppo_rlhf phenomena]
+    # [dpo phenomena]
 ]
 
 
-def organism_results(name: str, results: Path = RESULTS) -> dict:
-    path = results / f"organism_{name}.json"
+def organism_results(name: str, results: Path = RESULTS, stem: str | None = None,
+                     script: str = "experiments/organisms.py") -> dict:
+    """The stored results of organism ``name``: ``organism_<name>.json``, or ``<stem>.json`` for an experiment of its
+    own script that stores the same layout (an ``organism`` record and ``runs`` with held-out ``evals``)."""
+    path = results / f"{stem or f'organism_{name}'}.json"
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: run python experiments/organisms.py {name}")
-    return json.loads(path.read_text())
+        raise FileNotFoundError(f"{path} is missing: run python {script}" + (f" {name}" if stem is None else ""))
+    result = json.loads(path.read_text())
+    if result["organism"]["name"] != name:
+        raise ValueError(f"{path} holds organism {result['organism']['name']!r}, not {name!r}")
+    return result
 
 
 def entries(results: Path = RESULTS) -> list[dict]:
@@ -59,8 +72,10 @@ def entries(results: Path = RESULTS) -> list[dict]:
     out = []
     for spec in PHENOMENA:
         spec = dict(spec)
-        result = organism_results(spec.pop("organism"), results)
-        out.append(phenomenon(result, **spec, script="experiments/organisms.py"))
+        name, stem = spec.pop("organism"), spec.pop("results", None)
+        script = spec.pop("script", "experiments/organisms.py")
+        result = organism_results(name, results, stem, script)
+        out.append(phenomenon(result, **spec, script=script))
     return out
 
 
