@@ -18,7 +18,9 @@ Tasks (see :data:`TASKS` and :func:`get_task`):
 - ``"arithmetic"``, :class:`Arithmetic`: ``"23+58="`` -> ``"81"``;
 - ``"sort_digits"``, :class:`SortDigits`: ``"sort:3142="`` -> ``"1234"`` (scratchpad ``"3,13,134,1234|1234"``);
 - ``"reverse_digits"``, :class:`ReverseDigits`: ``"rev:3142="`` -> ``"2413"`` (scratchpad ``"3,13,413,2413|2413"``);
-- ``"constraint_string"``, :class:`ConstraintString`: ``"len=7 x=3:"`` -> any 7 letters with exactly three ``x``.
+- ``"constraint_string"``, :class:`ConstraintString`: ``"len=7 x=3:"`` -> any 7 letters with exactly three ``x``;
+- ``"running_sum"``, :class:`RunningSum`: ``"sum:3142="`` -> ``"3+1=4,4+4=8,8+2=0|0"`` (18-22 digits: answers of
+  100+ tokens whose steps depend on each other).
 
 Also: :func:`build_preference_pairs` (DPO pairs), :func:`evaluate` and :func:`pass_at_k` (accuracy, unbiased
 pass@k, lengths), :func:`soft_overlong_penalty` (DAPO's length shaping).
@@ -26,6 +28,7 @@ pass@k, lengths), :func:`soft_overlong_penalty` (DAPO's length shaping).
 
 from rlbook.tasks.arithmetic import Arithmetic
 from rlbook.tasks.base import Example, Task, uses_only_alphabet
+from rlbook.tasks.chain import RunningSum
 from rlbook.tasks.constraints import ConstraintString, check_constraints, parse_constraint_prompt
 from rlbook.tasks.digits import DigitTransformTask, ReverseDigits, SortDigits, corrupt_digits, final_answer
 from rlbook.tasks.evaluate import EvaluationResult, evaluate, pass_at_k
@@ -41,6 +44,7 @@ __all__ = [
     "Example",
     "PreferencePair",
     "ReverseDigits",
+    "RunningSum",
     "SortDigits",
     "TASKS",
     "Task",
