@@ -13,7 +13,12 @@ For each estimator we record the total variance of the gradient estimate across 
 trace of its covariance, summed over all parameters), and the squared norm of its mean. An arm is a group size G
 (at a fixed budget of completions per batch); a seed is an independent set of batches.
 
+The task's rewards default to 0/1; ``--shifted`` scores with :data:`SHIFTED` instead (right 6, wrong 5, the
+``shifted_rewards`` organism's), on the same rollouts (same sampling seeds), and stores a second file. A shift c
+adds c times the sum of the batch's scores to the no-baseline estimate and nothing to the group baselines' ones.
+
     python experiments/pg_gradient_variance.py            # writes experiments/results/pg_gradient_variance.json
+    python experiments/pg_gradient_variance.py --shifted  # experiments/results/pg_gradient_variance_shifted.json
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ from rlbook.checkpoints import RECIPES, load_base_policy
 from rlbook.experiment import run_experiment
 from rlbook.objectives import group_advantages, leave_one_out_advantages, policy_loss
 from rlbook.rollout import generate_rollouts, sequence_logprobs
+from rlbook.tasks import get_task
 
 ESTIMATORS = ("reinforce", "group_mean", "rloo")
 GROUP_SIZES = (2, 4, 8, 16)
 SETTINGS = dict(policy="arithmetic", batch_size=64, num_batches=16)
 RESULTS = Path(__file__).parent / "results" / "pg_gradient_variance.json"
+SHIFTED = {"correct_reward": 6.0, "incorrect_reward": 5.0}  # the task settings of the shifted run
+RESULTS_SHIFTED = RESULTS.with_name("pg_gradient_variance_shifted.json")
 
 
 def advantages(rewards: torch.Tensor, estimator: str, G: int) -> torch.Tensor:
@@ -79,13 +87,14 @@ def variance_of_estimates(grads: np.ndarray) -> tuple[float, float]:
     return float(((grads - mean) ** 2).sum(1).sum() / (len(grads) - 1)), float(mean @ mean)
 
 
-def run_one(name: str, arm: dict, seed: int, *, policy: str, batch_size: int, num_batches: int) -> dict:
+def run_one(name: str, arm: dict, seed: int, *, policy: str, batch_size: int, num_batches: int,
+            task_kwargs: dict | None = None) -> dict:
     """One arm (group size) and seed: ``num_batches`` batches; per estimator, the total variance of the gradient
-    estimate and the squared norm of its mean."""
+    estimate and the squared norm of its mean. ``task_kwargs`` override the recipe's task settings (the rewards)."""
     torch.set_num_threads(1)
     model, tokenizer = load_base_policy(policy)
     recipe, G = RECIPES[policy], arm["num_generations"]
-    task = recipe.make_task()
+    task = get_task(recipe.task, **{**recipe.task_kwargs, **(task_kwargs or {})})
     per_batch = [batch_gradients(model, tokenizer, task, G=G, batch_size=batch_size,
                                  max_completion_length=recipe.sft.max_new_tokens, seed=[seed, G, k])
                  for k in range(num_batches)]
@@ -97,8 +106,9 @@ def run_one(name: str, arm: dict, seed: int, *, policy: str, batch_size: int, nu
 
 
 def run(group_sizes=GROUP_SIZES, seeds=range(5), *, out=None, processes=None, progress=True, arguments=None,
-        **settings) -> dict:
-    common = {**SETTINGS, **settings}
+        task_kwargs: dict | None = None, **settings) -> dict:
+    """Every group size and seed; ``task_kwargs`` (stored in ``common`` when given) change the task's rewards."""
+    common = {**SETTINGS, **settings, **({"task_kwargs": dict(task_kwargs)} if task_kwargs else {})}
     arms = {f"G={G}": {"num_generations": G} for G in group_sizes}
     summary = {f"var {e} / reinforce": functools.partial(_relative_variance, e) for e in ESTIMATORS[1:]}
     return run_experiment("pg_gradient_variance", functools.partial(run_one, **common), arms, seeds, out=out,
@@ -117,10 +127,12 @@ def main():
     parser.add_argument("--num-batches", type=int, default=SETTINGS["num_batches"])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--processes", type=int, default=None, help="default: one per core")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--shifted", action="store_true", help=f"rewards {SHIFTED} instead of 0/1")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    run(seeds=range(args.seeds), out=args.out, processes=args.processes,
-        arguments={**vars(args), "out": str(args.out)}, num_batches=args.num_batches)
+    out = args.out or (RESULTS_SHIFTED if args.shifted else RESULTS)
+    run(seeds=range(args.seeds), out=out, processes=args.processes, arguments={**vars(args), "out": str(out)},
+        num_batches=args.num_batches, task_kwargs=SHIFTED if args.shifted else None)
 
 
 if __name__ == "__main__":

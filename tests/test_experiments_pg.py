@@ -21,6 +21,20 @@ def test_pg_gradient_variance_reduced_run():
     assert variance["group_mean"] == pytest.approx((3 / 4) ** 2 * variance["rloo"], rel=1e-4)
 
 
+def test_pg_gradient_variance_shifted_rewards():
+    """Shifted rewards, on the same rollouts: the group baselines' gradients are those of 0/1 rewards (the shift
+    cancels), no baseline's variance grows."""
+    script = load_script("pg_gradient_variance")
+    reduced = dict(group_sizes=(2,), seeds=(0,), num_batches=3, batch_size=8, processes=1, progress=False)
+    plain = script.run(**reduced)["runs"]["G=2"][0]["total_variance"]
+    result = script.run(**reduced, task_kwargs=script.SHIFTED)
+    assert result["common"] == {**script.SETTINGS, "num_batches": 3, "batch_size": 8, "task_kwargs": script.SHIFTED}
+    shifted = result["runs"]["G=2"][0]["total_variance"]
+    for estimator in ("group_mean", "rloo"):
+        assert shifted[estimator] == pytest.approx(plain[estimator], rel=1e-4)
+    assert shifted["reinforce"] > 4 * plain["reinforce"]
+
+
 def test_pg_gradient_variance_estimators_are_the_trainers():
     """The script's advantages are those of the trainer's registry (rlbook.advantages) under the same names."""
     import torch
@@ -59,6 +73,11 @@ def test_pg_stored_results_match_the_scripts():
     assert variance["common"] == script.SETTINGS and len(variance["seeds"]) >= 5
     assert list(variance["arms"]) == [f"G={G}" for G in script.GROUP_SIZES]
     assert all(len(runs) == len(variance["seeds"]) for runs in variance["runs"].values())
+
+    shifted = load_stored("pg_gradient_variance_shifted")
+    assert shifted["common"] == {**script.SETTINGS, "task_kwargs": script.SHIFTED}
+    assert shifted["seeds"] == variance["seeds"] and list(shifted["arms"]) == list(variance["arms"])
+    assert all(len(runs) == len(shifted["seeds"]) for runs in shifted["runs"].values())
 
     training = load_stored("pg_training")
     script = load_script("pg_training")
