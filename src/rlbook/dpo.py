@@ -101,6 +101,18 @@ def reference_logps(model, tokenizer, pairs: list[PreferencePair], batch_size: i
     return {k: torch.cat([p[k] for p in parts]) for k in ("chosen", "rejected", "chosen_len", "rejected_len")}
 
 
+def log_ratio_margins(model, tokenizer, pairs: list[PreferencePair], ref: dict[str, torch.Tensor]) -> dict[str, float]:
+    """How far ``model`` has moved on ``pairs`` from the reference whose :func:`reference_logps` are ``ref``:
+    ``margin``, the mean of h = log π/π_ref(y_w) − log π/π_ref(y_l) (sequence sums, no β: what the sigmoid loss
+    sees); ``margin_per_token``, the same with each log-prob divided by its completion's token count (what the IPO
+    loss sees; its optimum is 1/(2β)); ``chosen_logratio`` and ``rejected_logratio``, the means of the two
+    log-ratios (sums). No gradient."""
+    cur = reference_logps(model, tokenizer, pairs)  # the current policy's log-probs, in eval mode
+    chosen, rejected = cur["chosen"] - ref["chosen"], cur["rejected"] - ref["rejected"]
+    per_token = chosen / cur["chosen_len"] - rejected / cur["rejected_len"]
+    return {"margin": (chosen - rejected).mean().item(), "margin_per_token": per_token.mean().item(),
+            "chosen_logratio": chosen.mean().item(), "rejected_logratio": rejected.mean().item()}
+
 def dpo_batch(model, tokenizer, pairs: list[PreferencePair], ref: dict[str, torch.Tensor],
               config: DPOConfig):
     """``(loss, metrics)`` of one batch: the mean of :func:`dpo_loss` (plus ``rpo_alpha`` x chosen
@@ -154,7 +166,7 @@ def evaluate_dpo(model, tokenizer, pairs: list[PreferencePair], ref: dict[str, t
 
 
 def train_dpo(model, tokenizer, train_pairs: list[PreferencePair], test_pairs: list[PreferencePair] | None = None,
-              config: DPOConfig | None = None, ref_model=None) -> list[dict]:
+              config: DPOConfig | None = None, ref_model=None, on_step=None) -> list[dict]:
     """Train ``model`` in place with DPO on ``train_pairs``; returns the history, one dict per step.
 
     Each step takes ``per_device_train_batch_size`` pairs from a seeded shuffle of ``train_pairs`` (epochs
@@ -162,7 +174,8 @@ def train_dpo(model, tokenizer, train_pairs: list[PreferencePair], test_pairs: l
     a frozen copy of ``model`` as it is now; its log-probs of every train and test pair are computed once, before
     the first step, and the copy is then dropped. Each step's dict has ``step``, ``loss``, the six TRL metrics
     (:data:`METRICS`) and, every ``config.eval_every`` steps and after the last, the same over ``test_pairs``
-    prefixed ``eval_``.
+    prefixed ``eval_``. ``on_step(step, model)``, if given, is called after every optimizer step (for measurements
+    the history does not hold, e.g. sampled accuracy; it must leave the model's weights alone).
     """
     config = config or DPOConfig()
     if not train_pairs:
@@ -198,5 +211,51 @@ def train_dpo(model, tokenizer, train_pairs: list[PreferencePair], test_pairs: l
         if config.eval_every and (step % config.eval_every == 0 or step == config.max_steps):
             record.update(evaluate_dpo(model, tokenizer, test_pairs, ref_test, config))
         history.append(record)
+        if on_step is not None:
+            on_step(step, model)
     model.eval()
     return history
+
+
+@torch.no_grad()
+def on_policy_pairs(model, tokenizer, task, examples, *, num_generations: int = 8,
+                    max_new_tokens: int, temperature: float = 1.0, seed: int = 0,
+                    rng=None) -> list[PreferencePair]:
+    """Preference pairs from the policy's own samples, labelled by the task's rule (the data of
+    on-policy, iterated DPO).
+
+    For each example, ``num_generations`` completions are sampled from ``model`` (seeded by
+    ``seed``); if at least one is right and one (untruncated) is wrong, one right and one wrong
+    completion, drawn uniformly by ``rng`` (a numpy Generator, default from ``seed``), make the
+    pair ``(prompt, right, wrong)``. Prompts whose samples are all right or all wrong give no
+    pair, so the result can be shorter than ``examples``.
+    """
+    from rlbook.rollout import generate_rollouts
+
+    rng = rng if rng is not None else np.random.default_rng(seed)
+    examples = list(examples)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        generator = torch.Generator(device=device).manual_seed(int(seed))
+        with autocast(device):
+            batch = generate_rollouts(model, tokenizer, [e.prompt for e in examples],
+                                      num_generations=num_generations,
+                                      max_new_tokens=max_new_tokens, temperature=temperature,
+                                      seed=generator)
+    finally:
+        model.train(was_training)
+    texts, truncated = batch.decode_completions(tokenizer), batch.truncated.cpu().numpy()
+    pairs = []
+    for i, example in enumerate(examples):
+        rows = range(i * num_generations, (i + 1) * num_generations)  # prompt-major rows
+        right = [texts[j] for j in rows
+                 if task.is_correct(example, texts[j], bool(truncated[j]))]
+        wrong = [texts[j] for j in rows
+                 if not truncated[j] and not task.is_correct(example, texts[j], False)]
+        if right and wrong:
+            pairs.append(PreferencePair(prompt=example.prompt,
+                                        chosen=right[rng.integers(len(right))],
+                                        rejected=wrong[rng.integers(len(wrong))]))
+    return pairs
