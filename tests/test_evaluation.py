@@ -142,3 +142,56 @@ def test_mean_interval_without_spread_is_the_mean_itself():
     assert mean_interval([29.24] * 5) == (29.24, 29.24, 29.24)  # no NaN from a zero standard error
     mean, low, high = mean_interval([1.0, 2.0, 3.0])
     assert low < mean == 2.0 < high
+
+
+def test_kl_to_base_is_zero_for_the_base_itself_and_the_k1_sum_for_another_policy(arithmetic):
+    """The KL to a base policy: 0 (to float32 rounding) when the base is the policy, and per sample the sum over
+    the completion's tokens of log pi - log pi_base; every other number is the same with or without a base."""
+    import copy
+
+    from rlbook.rollout import sequence_logprobs
+
+    model, tokenizer, task, examples = arithmetic
+    plain = evaluate_policy(model, tokenizer, task, examples, num_samples=4, max_new_tokens=8, seed=3)
+    same = evaluate_policy(model, tokenizer, task, examples, num_samples=4, max_new_tokens=8, seed=3,
+                           base_model=model)
+    assert plain.kl_sum is None and "kl_to_base" not in plain.summary()
+    np.testing.assert_array_equal(plain.correct, same.correct)
+    np.testing.assert_array_equal(plain.lengths, same.lengths)
+    assert {k: v for k, v in same.summary().items() if k != "kl_to_base"} == plain.summary()
+    assert same.kl_sum.shape == (12, 4) and np.abs(same.kl_sum).max() < 1e-4
+    assert same.summary()["kl_to_base"] == pytest.approx(same.kl_sum.mean())
+    # another base: a perturbed copy; chunk 0 (all 12 prompts, one chunk) redone by hand
+    base = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in base.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
+    other = evaluate_policy(model, tokenizer, task, examples, num_samples=4, max_new_tokens=8, seed=3,
+                            base_model=base)
+    generator = torch.Generator().manual_seed(int(np.random.SeedSequence((3, 0)).generate_state(1)[0]))
+    batch = generate_rollouts(model, tokenizer, [e.prompt for e in examples], num_generations=4,
+                              max_new_tokens=8, seed=generator)
+    mask = batch.completion_mask.float()
+    with torch.no_grad():
+        logp = sequence_logprobs(model, batch.input_ids, batch.attention_mask, mask)
+        base_logp = sequence_logprobs(base, batch.input_ids, batch.attention_mask, mask)
+    expected = ((logp - base_logp) * mask).sum(-1).numpy().reshape(12, 4)
+    np.testing.assert_allclose(other.kl_sum, expected, atol=1e-4)
+    assert other.kl_to_base() > 0.01  # a KL is positive in expectation; here clearly so
+
+
+def test_held_out_evaluation_records_the_kl_to_the_policy_training_started_from():
+    """HeldOutEvaluation keeps a frozen copy of the starting policy: kl_to_base is 0 at step 0 and grows as
+    the policy moves; kl_to_base=False records no such key."""
+    from rlbook.evaluation import HeldOutEvaluation
+    from rlbook.experiment import Arm, train_run
+
+    evaluation = HeldOutEvaluation(num_prompts=16, num_samples=2, every=2)
+    plain = HeldOutEvaluation(num_prompts=16, num_samples=2, every=2, kl_to_base=False)
+    train_run("arithmetic", Arm("grpo", beta=0.0), 0, callbacks=[evaluation, plain], max_steps=4,
+              learning_rate=3e-3, per_device_train_batch_size=16)
+    kls = [r["kl_to_base"] for r in evaluation.records]
+    assert [r["step"] for r in evaluation.records] == [0, 2, 4]
+    assert abs(kls[0]) < 1e-4 and kls[-1] > 0.01, kls
+    assert all("kl_to_base" not in r for r in plain.records)
+    assert [r["expected_accuracy"] for r in plain.records] == [r["expected_accuracy"] for r in evaluation.records]

@@ -7,7 +7,10 @@ held-out prompts (1,000 or more in an experiment) and keeps every verdict, so th
 - the **expected accuracy** (mean correctness over all ``P * k`` samples) has the sampling noise of ``P * k``
   draws, and its interval can be taken over prompts (:func:`prompt_interval`, a scipy bootstrap);
 - pass@k, the mean length of the correct and of the wrong answers, the token entropy of the sampling
-  distribution and the number of *distinct* correct answers per prompt come from the same samples.
+  distribution and the number of *distinct* correct answers per prompt come from the same samples;
+- given a base policy, the **KL to the base**, KL(pi || pi_base), estimated on the same samples as the mean over
+  completions of sum_t (log pi - log pi_base) (the k1 estimator summed over a completion: nats per completion, the
+  x-axis of reward over-optimisation as sqrt(KL)).
 
 Arms of an experiment are compared on **paired seeds**: the same held-out prompts and the same sampling stream
 (``seed``) for every arm, so that the difference between two arms is not diluted by which prompts or random
@@ -17,6 +20,7 @@ numbers each drew. :func:`paired_difference` gives the interval of such a differ
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -25,7 +29,7 @@ import torch
 
 from rlbook.callbacks import TrainerCallback
 from rlbook.lm import autocast
-from rlbook.rollout import generate_rollouts
+from rlbook.rollout import generate_rollouts, sequence_logprobs
 from rlbook.tasks.base import Task, check_int
 from rlbook.tasks.evaluate import pass_at_k
 
@@ -41,6 +45,8 @@ class PolicyEvaluation:
         entropy_sum: ``(P, k)`` float, the sum over the sample's tokens of the entropy (nats) of the sampling
             distribution at that token.
         distinct_correct: ``(P,)`` int, how many different correct completions (as text) each prompt got.
+        kl_sum: ``(P, k)`` float or None, the sum over the sample's tokens (EOS included) of ``log pi - log
+            pi_base`` (the k1 estimate of the completion's KL to a base policy); None when no base was given.
     """
 
     correct: np.ndarray
@@ -48,6 +54,7 @@ class PolicyEvaluation:
     truncated: np.ndarray
     entropy_sum: np.ndarray
     distinct_correct: np.ndarray
+    kl_sum: np.ndarray | None = None
 
     @property
     def num_prompts(self) -> int:
@@ -89,8 +96,14 @@ class PolicyEvaluation:
         """Mean entropy (nats) of the sampling distribution over every sampled token (TRL's ``entropy``)."""
         return float(self.entropy_sum.sum() / max(int(self.lengths.sum()), 1))
 
+    def kl_to_base(self) -> float:
+        """KL(pi || pi_base) per completion (nats): the mean over all samples of :attr:`kl_sum`, an unbiased
+        estimate (one sample can be negative, the mean cannot be in expectation); NaN without a base."""
+        return float(self.kl_sum.mean()) if self.kl_sum is not None else float("nan")
+
     def summary(self, ks=(1, 8)) -> dict[str, float]:
-        """The headline numbers as a flat dict (pass@k for each ``k`` in ``ks`` that the samples allow)."""
+        """The headline numbers as a flat dict (pass@k for each ``k`` in ``ks`` that the samples allow, and
+        ``kl_to_base`` when the evaluation had a base policy)."""
         out = {
             "expected_accuracy": self.expected_accuracy(),
             "mean_length": self.mean_length("all"),
@@ -104,12 +117,15 @@ class PolicyEvaluation:
         for k in ks:
             if k <= self.samples_per_prompt:
                 out[f"pass@{k}"] = self.pass_at(k)
+        if self.kl_sum is not None:
+            out["kl_to_base"] = self.kl_to_base()
         return out
 
 
 @torch.no_grad()
 def evaluate_policy(model, tokenizer, task: Task, examples, *, num_samples: int = 8, max_new_tokens: int,
-                    temperature: float = 1.0, seed: int = 0, prompts_per_batch: int = 64) -> PolicyEvaluation:
+                    temperature: float = 1.0, seed: int = 0, prompts_per_batch: int = 64,
+                    base_model=None) -> PolicyEvaluation:
     """Sample ``num_samples`` completions for each example and score them with the task's rule.
 
     Deterministic given ``seed`` on a given machine: chunk ``j`` of ``prompts_per_batch`` prompts is sampled with
@@ -121,6 +137,9 @@ def evaluate_policy(model, tokenizer, task: Task, examples, *, num_samples: int 
         num_samples: ``k``, samples per prompt (8 gives pass@8 and cuts the sampling noise of the accuracy by
             up to sqrt(8)).
         max_new_tokens: the completion budget.
+        base_model: a policy to measure the KL to (e.g. the one training started from), or None. Its log-probs
+            of the sampled tokens (at ``temperature``) are taken with one forward pass per chunk; the samples and
+            every other number are the same with or without it.
     Returns a :class:`PolicyEvaluation`.
     """
     examples = list(examples)
@@ -132,7 +151,7 @@ def evaluate_policy(model, tokenizer, task: Task, examples, *, num_samples: int 
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    correct, lengths, truncated, entropy_sum, distinct = [], [], [], [], []
+    correct, lengths, truncated, entropy_sum, distinct, kl_sum = [], [], [], [], [], []
     try:
         for j, start in enumerate(range(0, len(examples), chunk)):
             part = examples[start:start + chunk]
@@ -152,11 +171,19 @@ def evaluate_policy(model, tokenizer, task: Task, examples, *, num_samples: int 
             entropy_sum.append(batch.entropies.float().sum(-1).cpu().numpy().reshape(len(part), k))
             distinct += [len({t for t, ok in zip(texts[i * k:(i + 1) * k], verdicts[i * k:(i + 1) * k]) if ok})
                          for i in range(len(part))]
+            if base_model is not None:  # k1 summed over the completion: log pi (the sampler's) - log pi_base
+                mask = batch.completion_mask.float()
+                with autocast(device):
+                    base_logp = sequence_logprobs(base_model, batch.input_ids, batch.attention_mask, mask,
+                                                  temperature=temperature)
+                kl = ((batch.logprobs.float() - base_logp) * mask).sum(-1)
+                kl_sum.append(kl.cpu().numpy().reshape(len(part), k))
     finally:
         model.train(was_training)
     return PolicyEvaluation(correct=np.concatenate(correct).astype(bool), lengths=np.concatenate(lengths),
                             truncated=np.concatenate(truncated).astype(bool),
-                            entropy_sum=np.concatenate(entropy_sum), distinct_correct=np.array(distinct))
+                            entropy_sum=np.concatenate(entropy_sum), distinct_correct=np.array(distinct),
+                            kl_sum=np.concatenate(kl_sum) if base_model is not None else None)
 
 
 def prompt_interval(values, confidence: float = 0.95, seed: int = 0, n_resamples: int = 2000):
@@ -233,7 +260,9 @@ class HeldOutEvaluation(TrainerCallback):
 
     The prompts are ``num_prompts`` draws of the task's ``"test"`` split from ``prompt_seed`` and the sampling
     stream is ``seed``, the same for every arm and training seed of an experiment: every policy is measured on
-    the same problems with the same random numbers (paired evaluation)::
+    the same problems with the same random numbers (paired evaluation). With ``kl_to_base`` (the default) a frozen
+    copy of the policy as training begins is kept, and each record also holds ``kl_to_base``, the KL of the
+    current policy to it per completion (:meth:`PolicyEvaluation.kl_to_base`; 0 at the first evaluation)::
 
         evaluation = HeldOutEvaluation(num_prompts=1024, num_samples=8, every=100)
         train_run("sort_scratchpad", Arm("grpo"), seed, callbacks=[evaluation])
@@ -241,20 +270,24 @@ class HeldOutEvaluation(TrainerCallback):
     """
 
     def __init__(self, num_prompts: int = 1024, num_samples: int = 8, every: int = 0, *, prompt_seed: int = 2024,
-                 seed: int = 0, ks=(1, 8)):
+                 seed: int = 0, ks=(1, 8), kl_to_base: bool = True):
         self.num_prompts = check_int(num_prompts, "num_prompts", minimum=1)
         self.num_samples = check_int(num_samples, "num_samples", minimum=1)
         self.every = check_int(every, "every", minimum=0)
         self.prompt_seed, self.seed, self.ks = prompt_seed, seed, tuple(ks)
+        self.kl_to_base = bool(kl_to_base)
+        self.base = None  # the frozen policy training started from (kl_to_base), copied at on_train_begin
         self.records: list[dict] = []
 
     def measure(self, trainer) -> dict:
         """Evaluate the trainer's current policy and append the summary to :attr:`records`."""
         examples = trainer.task.sample(self.num_prompts, seed=np.random.default_rng(self.prompt_seed),
                                        split="test")
+        if self.kl_to_base and self.base is None:
+            self.base = copy.deepcopy(trainer.policy).eval().requires_grad_(False)
         result = evaluate_policy(trainer.policy, trainer.tokenizer, trainer.task, examples,
                                  num_samples=self.num_samples, max_new_tokens=trainer.config.max_completion_length,
-                                 temperature=trainer.config.temperature, seed=self.seed)
+                                 temperature=trainer.config.temperature, seed=self.seed, base_model=self.base)
         record = {"step": trainer.step,
                   "num_completions": sum(m.get("num_completions", 0) for m in trainer.history),
                   **{k: round(v, 6) for k, v in result.summary(self.ks).items()}}

@@ -25,7 +25,8 @@ class Arithmetic(Task):
         operations: the operators to draw from uniformly, a non-empty string over ``"+-*"`` without repeats.
         allow_negative: if False, a subtraction ``a-b`` with ``a < b`` is written ``b-a`` so every answer is
             non-negative; if True the answer may start with ``"-"``.
-        correct_reward, incorrect_reward, max_completion_length: see :class:`rlbook.tasks.base.Task`.
+        correct_reward, incorrect_reward, max_completion_length, length_bonus: see
+            :class:`rlbook.tasks.base.Task` (``length_bonus``: a spurious reward per completion character).
     """
 
     name = "arithmetic"
@@ -38,6 +39,7 @@ class Arithmetic(Task):
         correct_reward: float = 1.0,
         incorrect_reward: float = 0.0,
         max_completion_length: int = DEFAULT_MAX_COMPLETION_LENGTH,
+        length_bonus: float = 0.0,
     ):
         self.num_digits = check_int(num_digits, "num_digits", minimum=1)
         if not isinstance(operations, str) or len(operations) == 0:
@@ -50,7 +52,7 @@ class Arithmetic(Task):
             raise ValueError(f"operations={operations!r} repeats an operation")
         self.operations = operations
         self.allow_negative = bool(allow_negative)
-        super().__init__(correct_reward, incorrect_reward, max_completion_length)
+        super().__init__(correct_reward, incorrect_reward, max_completion_length, length_bonus)
 
     @property
     def max_prompt_length(self) -> int:

@@ -15,6 +15,10 @@ The reward convention (the same for every task in :mod:`rlbook.tasks`):
   longer than ``max_completion_length`` characters, or contains a character outside
   :data:`rlbook.vocab.ALPHABET` (tabs, newlines, unicode, ...). Garbage is never an error.
 - Surrounding spaces are stripped before the answer is compared; nothing else is forgiven.
+- A *proxy* reward with a known flaw (reward over-optimisation, the PPO-for-RLHF chapter): ``length_bonus`` adds
+  ``length_bonus * len(completion)`` (characters, one per token for the character-level models, EOS not counted)
+  to every reward, right or wrong, truncated or not. The task's verdict (:meth:`Task.is_correct`, the *gold*)
+  does not change: only :meth:`Task.reward` does. Default 0: no bonus.
 - A completion that is not a ``str`` (``None``, bytes, a number) raises ``TypeError``: a model always
   produces text, so a ``None`` means the calling code is broken, and scoring it 0 would hide that bug.
 """
@@ -94,6 +98,8 @@ class Task:
         correct_reward: reward of a correct completion (1.0 by default).
         incorrect_reward: reward of anything else (0.0 by default; -1.0 for DAPO's +-1 rewards).
         max_completion_length: completions longer than this many characters are incorrect.
+        length_bonus: a spurious bonus per completion character added to the reward (not to the verdict), >= 0;
+            a task that accepts it (:class:`rlbook.tasks.Arithmetic`) passes it on here.
     """
 
     name = "task"
@@ -103,6 +109,7 @@ class Task:
         correct_reward: float = 1.0,
         incorrect_reward: float = 0.0,
         max_completion_length: int = DEFAULT_MAX_COMPLETION_LENGTH,
+        length_bonus: float = 0.0,
     ):
         correct_reward = float(correct_reward)
         incorrect_reward = float(incorrect_reward)
@@ -112,8 +119,12 @@ class Task:
         if not correct_reward > incorrect_reward:
             raise ValueError(f"correct_reward ({correct_reward}) must be greater than "
                              f"incorrect_reward ({incorrect_reward})")
+        length_bonus = float(length_bonus)
+        if not (np.isfinite(length_bonus) and length_bonus >= 0):
+            raise ValueError(f"length_bonus must be a finite number >= 0, got {length_bonus}")
         self.correct_reward = correct_reward
         self.incorrect_reward = incorrect_reward
+        self.length_bonus = length_bonus
         self.max_completion_length = check_int(max_completion_length, "max_completion_length", minimum=1)
         if self.max_completion_length < self.max_demonstration_length:
             raise ValueError(f"max_completion_length ({self.max_completion_length}) must be >= the longest "
@@ -148,11 +159,13 @@ class Task:
         raise NotImplementedError
 
     def config(self) -> dict:
-        """The constructor arguments of this task, so that ``type(task)(**task.config())`` rebuilds it."""
+        """The constructor arguments of this task, so that ``type(task)(**task.config())`` rebuilds it
+        (``length_bonus`` only when it is not 0: most tasks do not take it)."""
         return {
             "correct_reward": self.correct_reward,
             "incorrect_reward": self.incorrect_reward,
             "max_completion_length": self.max_completion_length,
+            **({"length_bonus": self.length_bonus} if self.length_bonus else {}),
         }
 
     # --- shared behaviour ----------------------------------------------------------------------------------
@@ -233,10 +246,15 @@ class Task:
         """The scalar reward of one completion: ``correct_reward`` if correct, else
         ``incorrect_reward``.
 
-        With partial credit, ``incorrect_reward + score * (correct_reward - incorrect_reward)``.
+        With partial credit, ``incorrect_reward + score * (correct_reward - incorrect_reward)``;
+        with a ``length_bonus``, plus ``length_bonus * len(completion)`` whatever the verdict.
         """
         score = self.score(example, completion, truncated)
-        return self.incorrect_reward + score * (self.correct_reward - self.incorrect_reward)
+        gap = self.correct_reward - self.incorrect_reward
+        reward = self.incorrect_reward + score * gap
+        if self.length_bonus:  # the proxy's flaw, paid on every completion
+            reward += self.length_bonus * len(completion)
+        return reward
 
     def rewards(self, examples, completions, truncated=None) -> np.ndarray:
         """Rewards of a batch: ``examples[i]`` with ``completions[i]``; returns float64 of shape ``(B,)``.

@@ -64,7 +64,8 @@ class DigitTransformTask(Task):
     Args:
         min_length, max_length: the number of input digits is drawn uniformly from this range (inclusive).
         scratchpad: if True, demonstrations show ``transform`` of every prefix before ``"|"`` and the answer.
-        correct_reward, incorrect_reward, max_completion_length: see :class:`rlbook.tasks.base.Task`.
+        correct_reward, incorrect_reward, max_completion_length, length_bonus: see
+            :class:`rlbook.tasks.base.Task` (``length_bonus``: a spurious reward per completion character).
     """
 
     prefix = "digits"
@@ -77,12 +78,13 @@ class DigitTransformTask(Task):
         correct_reward: float = 1.0,
         incorrect_reward: float = 0.0,
         max_completion_length: int = DEFAULT_MAX_COMPLETION_LENGTH,
+        length_bonus: float = 0.0,
     ):
         self.min_length = check_int(min_length, "min_length", minimum=1)
         self.max_length = check_int(max_length, "max_length", minimum=1)
         check_range(self.min_length, self.max_length, "min_length", "max_length")
         self.scratchpad = bool(scratchpad)
-        super().__init__(correct_reward, incorrect_reward, max_completion_length)
+        super().__init__(correct_reward, incorrect_reward, max_completion_length, length_bonus)
 
     def transform(self, digits: str) -> str:
         """The answer for the input ``digits``."""
