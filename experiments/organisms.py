@@ -25,7 +25,7 @@ from rlbook.organisms import ORGANISMS, baseline_change, baseline_level, gate_ho
 RESULTS = Path(__file__).parent / "results"
 LOGGED = ("accuracy", "entropy", "completions/mean_length", "completions/clipped_ratio", "clip_ratio/region_mean",
           "frac_reward_zero_std", "num_completions", "dynamic_sampling/groups", "clip_ratio/low_mean",
-          "clip_ratio/high_mean", "ratio/min", "ratio/max", "moe/route_changed")
+          "clip_ratio/high_mean", "ratio/min", "ratio/max", "moe/route_changed", "approx_kl", "reward")
 
 
 def results_path(name: str) -> Path:

@@ -47,10 +47,24 @@ PHENOMENA = [
          organism="zero_gradient", fix="dynamic_sampling", fix_metric="expected_accuracy", fix_direction="up",
          compared_at="num_completions"),
     # --- Parts III and V (issue 20) ---
-    # [policy_gradient phenomena]
-    # [ppo phenomena]
-    # [ppo_rlhf phenomena]
-    # [dpo phenomena]
+    # REINFORCE's weights are the rewards themselves: shifted to {5, 6}, every sample is pushed up and the shift's
+    # noise swamps the signal; the group baselines subtract the shift exactly
+    dict(chapter="policy_gradient", phenomenon="held-out accuracy falls under REINFORCE without a baseline when "
+         "every reward is shifted up", organism="shifted_rewards", fix="rloo"),
+    dict(chapter="ppo", phenomenon="accuracy falls when PPO takes 16 updates per rollout without its clip",
+         organism="many_updates", fix="ppo"),
+    # the KL penalty in the reward (beta 0.05) against none; Gao et al. found it acts like early stopping, so its
+    # gold at the last step may be higher without moving the gold-versus-sqrt(KL) frontier (see the chapter)
+    dict(chapter="ppo_rlhf", phenomenon="gold accuracy falls while a length-biased proxy reward is optimised",
+         organism="proxy_reward", fix="kl_penalty"),
+    # DPO's own trainer (rlbook.dpo.train_dpo), scripts of their own. Deterministic preferences: the gate is DPO's
+    # margin growth over the second half of training (the stored evals start half-way); IPO is judged on the gold
+    # accuracy. Offline pairs: the gate is offline DPO's accuracy change; the fix, pairs from the policy's own samples.
+    dict(chapter="dpo", phenomenon="DPO's margin on deterministic preferences keeps growing",
+         organism="deterministic_preferences", results="dpo_ipo", script="experiments/dpo_ipo.py", fix="ipo",
+         fix_metric="expected_accuracy", fix_direction="up"),
+    dict(chapter="dpo", phenomenon="iterated DPO on offline near-miss pairs lowers the held-out accuracy",
+         organism="offline_pairs", results="dpo_onpolicy", script="experiments/dpo_onpolicy.py", fix="on_policy"),
 ]
 
 

@@ -193,6 +193,61 @@ ORGANISMS: dict[str, Organism] = {
               "grpo_routing_replay": Arm("grpo", beta=0.0, epsilon=0.2, epsilon_high=0.27, routing_replay=True)},
         metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=50,
     ),
+    # --- Parts III and V (issue 20) ---
+    # The policy-gradient chapter's baselines: REINFORCE's weights are the rewards themselves, so shifting every
+    # reward by a constant c adds c times the sum of the sampled completions' scores to each gradient estimate: an
+    # expected zero whose variance grows like c^2 and swamps the signal, while a group baseline subtracts the shift
+    # exactly (their updates are those of 0/1 rewards). In 2-seed pilots at the chapter's learning rate, rewards
+    # {1, 2} left REINFORCE's accuracy wandering while the baselines rose; {5, 6} made it fall (experiments/PLANS.md).
+    "shifted_rewards": Organism(
+        name="shifted_rewards",
+        description="2-digit sums with every reward shifted up (right 6, wrong 5): without a baseline each sample "
+                    "is pushed up and the shift's noise swamps the signal",
+        policy="arithmetic",
+        task_kwargs={"correct_reward": 6.0, "incorrect_reward": 5.0},
+        settings=dict(learning_rate=3e-4, max_steps=200, per_device_train_batch_size=64),
+        arms={"reinforce": Arm("reinforce"), "reinforce_baseline": Arm("reinforce_baseline"), "rloo": Arm("rloo")},
+        metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=25,
+    ),
+    # PPO's clip, shown to be needed: the `ppo` preset (critic, GAE, whitened advantages) takes 16 optimiser steps on
+    # each rollout (4 minibatches of 16, 4 epochs), so its later steps see ratios far from 1. Without the policy's
+    # clip (epsilon 0.999, epsilon_high 1e9: the range (0.001, 1e9) never binds) nothing stops a token's ratio;
+    # epsilon 0.2 is PPO's own; a too-wide clip (0.2, 2.0) binds only late. The value model's clip
+    # (cliprange_value 0.2) is the preset's in every arm: only the policy's clip differs. Pilots (2 seeds): at lr
+    # 3e-4 every arm collapsed, the clipped one too; at 1e-4 the unclipped arm fell and the clipped one rose.
+    "many_updates": Organism(
+        name="many_updates",
+        description="2-digit sums, PPO with a critic taking 16 optimiser steps per rollout (4 minibatches, 4 "
+                    "epochs): without the clip the ratios run away and accuracy falls",
+        policy="arithmetic",
+        task_kwargs={},
+        settings=dict(learning_rate=1e-4, max_steps=80, per_device_train_batch_size=16, steps_per_generation=4,
+                      num_iterations=4),
+        arms={"ppo_no_clip": Arm("ppo", epsilon=0.999, epsilon_high=1e9), "ppo": Arm("ppo", epsilon=0.2),
+              "ppo_wide": Arm("ppo", epsilon=0.8, epsilon_high=1.0)},
+        metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=20,
+    ),
+    # Reward over-optimisation (PPO for RLHF, Gao et al.): the proxy is the task's rule plus a known flaw, a bonus of
+    # 0.03 per completion character (length_bonus), whatever the verdict; the gold is the rule alone (held-out
+    # expected_accuracy). Sorting with a scratchpad learns under RL (the arithmetic policy does not, so its gold
+    # cannot rise); the 40-token budget is the SFT's, so a longer answer soon runs into it and is cut off (wrong).
+    # In the pilot a bonus of 0.02 let the gold rise for 300 steps without falling and 0.05 made every answer run to
+    # the budget by step 50; 0.03 fell by step 100 (100 steps keep the full run within the time the shared cores
+    # allow). GRPO with the KL penalty in the reward (PPO-RLHF's -beta k1 per token; the arm) is used
+    # because PPO's four epochs and value model cost several times as much per step on the shared cores. The held-out
+    # evaluations record kl_to_base (the x-axis, sqrt(KL)); the trainer's per-step `accuracy` compares the reward
+    # with correct_reward, so under a bonus it reads 0 here: the gold is the evaluations' expected_accuracy.
+    "proxy_reward": Organism(
+        name="proxy_reward",
+        description="sort 3-6 digits with a scratchpad against a proxy reward, the rule plus 0.03 per completion "
+                    "character: the gold accuracy falls as answers run into the 40-token budget",
+        policy="sort_scratchpad",
+        task_kwargs={"length_bonus": 0.03},
+        settings=dict(max_completion_length=40, learning_rate=3e-4, max_steps=100, per_device_train_batch_size=64),
+        arms={"no_kl": Arm("grpo", beta=0.0),
+              "kl_penalty": Arm("grpo", beta=0.05, kl_placement="reward")},
+        metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=20,
+    ),
 }
 
 
