@@ -34,3 +34,26 @@ def test_the_bonus_is_stored_and_rebuilt_and_absent_by_default():
     for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="length_bonus"):
             Arithmetic(length_bonus=bad)
+
+
+def test_the_trainers_accuracy_is_the_verdict_under_a_bonus():
+    """The per-step ``accuracy`` is the task's verdict, not ``reward == correct_reward`` (which a bonus breaks)."""
+    from rlbook.checkpoints import RECIPES, load_base_policy
+    from rlbook.presets import preset
+    from rlbook.trainer import Trainer
+
+    model, tokenizer = load_base_policy("arithmetic")
+    recipe = RECIPES["arithmetic"]
+    config = preset("grpo", max_steps=1, per_device_train_batch_size=32, max_completion_length=8, seed=0)
+    accuracies = []
+    for bonus in (0.0, 0.05):
+        task = get_task(recipe.task, **recipe.task_kwargs, length_bonus=bonus)
+        trainer = Trainer(model, tokenizer, task, config)
+        scored = trainer.score(trainer.sample_rollout(0))
+        rollout = scored.rollout
+        repeated = [e for e in rollout.examples for _ in range(config.num_generations)]
+        verdicts = [task.is_correct(e, c, t) for e, c, t in
+                    zip(repeated, rollout.completions, rollout.batch.truncated.tolist())]
+        assert scored.correct.tolist() == verdicts
+        accuracies.append(scored.correct.float().mean().item())
+    assert accuracies[0] == accuracies[1] > 0  # the same samples (same seed), the same verdicts

@@ -303,6 +303,7 @@ def test_early_stopping_on_kl_ends_the_rollouts_updates():
 def test_vapo_nll_term_is_the_token_mean_nll_of_the_correct_completions_only():
     task = get_task("arithmetic", num_digits=1)
     # the task's rule for this test: a completion of even length is "correct"
+    task.is_correct = lambda example, completion, truncated=False: len(completion) % 2 == 0
     task.rewards = lambda examples, completions, truncated: np.array(
         [task.correct_reward if len(c) % 2 == 0 else task.incorrect_reward for c in completions])
     config = preset("vapo", **SMALL, value_pretrain_steps=0, mask_truncated_completions=False)

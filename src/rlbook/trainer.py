@@ -253,10 +253,11 @@ class Trainer:
         mask = batch.completion_mask.float()
         input_ids, attention_mask = batch.input_ids, batch.attention_mask
         metrics = {}
-        # The task's rule decides what is correct, also when a reward model gives the reward (the
-        # gold metric).
-        gold = rollout.rewards if self.reward_fn == self.task.rewards else \
-            self._rewards(rollout.examples, rollout.completions, batch, self.task.rewards)
+        # The task's rule decides what is correct (the gold metric), also when a reward model or a
+        # proxy with a bonus (Task.length_bonus) gives the reward.
+        repeated = [e for e in rollout.examples for _ in range(config.num_generations)]
+        correct = torch.as_tensor([self.task.is_correct(e, c, t) for e, c, t in zip(
+            repeated, rollout.completions, batch.truncated.tolist())], device=self.device)
         rewards = rollout.rewards
         # DAPO's soft overlong punishment, added to the reward
         if config.overlong_buffer_length is not None:
@@ -314,7 +315,6 @@ class Trainer:
         if estimate.keep is not None:
             loss_mask = loss_mask * estimate.keep[:, None]
         metrics.update(estimate.metrics)
-        correct = torch.as_tensor(gold == self.task.correct_reward, device=self.device)
         return ScoredRollout(rollout, input_ids, attention_mask, mask, loss_mask, mask.sum(-1),
                              rewards, correct, old_logp, estimate.advantages, ref_logp, old_values,
                              estimate.returns, metrics, routes)
