@@ -19,8 +19,8 @@ Tasks (see :data:`TASKS` and :func:`get_task`):
 - ``"sort_digits"``, :class:`SortDigits`: ``"sort:3142="`` -> ``"1234"`` (scratchpad ``"3,13,134,1234|1234"``);
 - ``"reverse_digits"``, :class:`ReverseDigits`: ``"rev:3142="`` -> ``"2413"`` (scratchpad ``"3,13,413,2413|2413"``);
 - ``"constraint_string"``, :class:`ConstraintString`: ``"len=7 x=3:"`` -> any 7 letters with exactly three ``x``;
-- ``"running_sum"``, :class:`RunningSum`: ``"sum:3142="`` -> ``"3+1=4,4+4=8,8+2=0|0"`` (18-22 digits: answers of
-  100+ tokens whose steps depend on each other).
+- ``"running_sum"``, :class:`RunningSum`: ``"sum:3, 1, 4, 2="`` -> ``"33,14,48,20|0"`` (each digit, then the sum
+  so far; 35 digits by default: answers of 106 tokens whose steps depend on each other).
 
 Also: :func:`build_preference_pairs` (DPO pairs), :func:`evaluate` and :func:`pass_at_k` (accuracy, unbiased
 pass@k, lengths), :func:`soft_overlong_penalty` (DAPO's length shaping).
