@@ -223,10 +223,14 @@ class Trainer:
         rollout.metrics["num_completions"] = num_completions
         return rollout
 
+    def _per_completion(self, examples) -> list:
+        """The prompts' examples repeated once per completion, in the rollout's row order (B,)."""
+        return [e for e in examples for _ in range(self.config.num_generations)]
+
     def _rewards(self, examples, completions: list[str], batch: RolloutBatch, reward_fn=None) -> np.ndarray:
         """``reward_fn``'s (default: the trainer's) reward of every completion, (B,) float64; a wrong shape or a
         non-finite reward is an error that names the completion."""
-        repeated = [e for e in examples for _ in range(self.config.num_generations)]
+        repeated = self._per_completion(examples)
         reward_fn = reward_fn or self.reward_fn
         rewards = np.asarray(reward_fn(repeated, completions, batch.truncated.tolist()), dtype=np.float64)
         if rewards.shape != (len(batch),) or not np.isfinite(rewards).all():
@@ -255,9 +259,9 @@ class Trainer:
         metrics = {}
         # The task's rule decides what is correct (the gold metric), also when a reward model or a
         # proxy with a bonus (Task.length_bonus) gives the reward.
-        repeated = [e for e in rollout.examples for _ in range(config.num_generations)]
         correct = torch.as_tensor([self.task.is_correct(e, c, t) for e, c, t in zip(
-            repeated, rollout.completions, batch.truncated.tolist())], device=self.device)
+            self._per_completion(rollout.examples), rollout.completions, batch.truncated.tolist())],
+            device=self.device)
         rewards = rollout.rewards
         # DAPO's soft overlong punishment, added to the reward
         if config.overlong_buffer_length is not None:
