@@ -1,59 +1,77 @@
-"""rlbook.tasks.chain: the running-sum task of 100+ token answers whose steps depend on each other."""
+"""rlbook.tasks.chain: the lagged-sum task of 71-143 token answers whose steps depend on each other."""
 
 import numpy as np
 import pytest
 
 from rlbook.tasks import get_task
-from rlbook.tasks.chain import first_wrong_step, running_sums, write_steps
+from rlbook.tasks.chain import lagged_sums, step_bodies, write_steps
 from rlbook.vocab import ALPHABET
 
 
-def test_running_sums_and_the_demonstration_by_hand():
-    assert running_sums("3142") == [3, 4, 8, 0]
-    task = get_task("running_sum", min_length=4, max_length=4)
+def test_lagged_sums_and_the_demonstration_by_hand():
+    assert lagged_sums("3141", 3, 4) == "459"  # 1 + 3, 4 + 1, 5 + 4
+    assert lagged_sums("314", 4, 3) == "7829"  # 4 + 3, 7 + 1, 8 + 4 = 12, 2 + 7
+    assert write_steps("35", "86", 1) == "01:38,00:56" and step_bodies("01:38,00:56") == ["38", "56"]
+    task = get_task("lagged_sum", min_steps=3, max_steps=3)
     (example,) = task.sample(1, seed=0)
-    digits = task.input_digits(example)
-    assert example.prompt == "sum:" + ", ".join(digits) + "=" and example.answer == str(sum(map(int, digits)) % 10)
-    assert task.demonstration(example) == write_steps(digits, running_sums(digits))
-    assert write_steps("3142", [3, 4, 8, 0]) == "33,14,48,20|0"
+    seed = example.meta["seed"]
+    assert example.prompt == "lag:" + write_steps("000", seed, 5) + ","
+    x = seed + lagged_sums(seed, 3, 3)
+    assert task.demonstration(example) == write_steps(x[:3], x[3:], 2)
+    assert example.answer == task.demonstration(example)[-1] and task.num_steps(example) == 3
 
 
 def test_demonstrations_are_long_correct_and_in_the_alphabet():
-    task = get_task("running_sum")
-    examples = task.sample(100, seed=1)
-    assert {len(task.demonstration(e)) for e in examples} == {task.max_demonstration_length} == {106}
-    assert {len(e.prompt) for e in examples} == {task.max_prompt_length}  # the same shape for every prompt
+    task = get_task("lagged_sum")
+    examples = task.sample(300, seed=1)
+    lengths = {len(task.demonstration(e)) for e in examples}
+    assert lengths == {6 * n - 1 for n in range(12, 25)} and max(lengths) == task.max_demonstration_length == 143
+    assert {len(e.prompt) for e in examples} == {task.max_prompt_length}  # the same prompt shape for every length
     for e in examples:
         demo = task.demonstration(e)
         assert set(demo + e.prompt) <= set(ALPHABET) and task.is_correct(e, demo)
-        assert first_wrong_step(task.input_digits(e), demo) is None
+        assert task.first_wrong_step(e, demo) is None and task.num_steps(e) == e.meta["steps"]
 
 
 def test_a_near_miss_slips_once_and_carries_the_mistake():
-    task = get_task("running_sum", min_length=6, max_length=8)
+    task = get_task("lagged_sum", min_steps=6, max_steps=12)
     rng = np.random.default_rng(0)
-    for e in task.sample(100, seed=2):
-        wrong, digits = task.near_miss(e, rng), task.input_digits(e)
+    for e in task.sample(200, seed=2):
+        wrong, right = task.near_miss(e, rng), task.right_steps(e)
         assert not task.is_correct(e, wrong) and len(wrong) == len(task.demonstration(e))
-        i = first_wrong_step(digits, wrong)
-        sums = [int(step[1]) for step in wrong.split("|")[0].split(",")]
-        assert i is not None and sums[:i] == running_sums(digits)[:i]
-        assert all((a - b) % 10 == (sums[i] - running_sums(digits)[i]) % 10
-                   for a, b in zip(sums[i:], running_sums(digits)[i:]))
+        i, written = task.first_wrong_step(e, wrong), step_bodies(wrong)
+        assert i is not None and written[:i] == right[:i]
+        full = [int(d) for d in e.meta["seed"] + "".join(b[1] for b in written)]
+        # each step copies the digit three back of the chain as written, and after the slip the recurrence runs on
+        # from it (the last digit may have been changed again so that the answer is wrong)
+        assert all(int(b[0]) == full[t] for t, b in enumerate(written))
+        assert all(full[t] == (full[t - 1] + full[t - 3]) % 10 for t in range(3 + i + 1, len(full) - 1))
 
 
-def test_first_wrong_step_counts_missing_sums_and_only_the_answer_is_scored():
-    task = get_task("running_sum", min_length=4, max_length=4)
-    assert first_wrong_step("3142", "33,14,49,21|1") == 2 and first_wrong_step("3142", "33,15,49,20|0") == 1
-    assert first_wrong_step("3142", "33,14|0") == 2 and first_wrong_step("3142", "") == 0
+def test_only_the_last_step_is_scored_and_first_wrong_step_counts_missing_steps():
+    task = get_task("lagged_sum", min_steps=4, max_steps=4)
     example = task.sample(1, seed=3)[0]
-    assert task.is_correct(example, "|" + example.answer)  # only the answer after "|" is checked
-    assert not task.is_correct(example, example.answer)  # no "|": incorrect
+    demo, answer = task.demonstration(example), example.answer
+    assert task.is_correct(example, "00:7" + answer)  # only the last digit of the step labelled 00 is checked
+    assert not task.is_correct(example, demo[:-1] + str((int(answer) + 1) % 10))
+    assert not task.is_correct(example, demo.replace("00:", "01:")) and not task.is_correct(example, answer)
+    assert not task.is_correct(example, "00:" + answer) and not task.is_correct(example, "00:x" + answer)
+    assert task.first_wrong_step(example, demo[:11]) == 2 and task.first_wrong_step(example, "") == 0
+    assert task.first_wrong_step(example, "03:xx" + demo[5:]) == 0
 
 
-@pytest.mark.parametrize("kwargs, match", [({"min_length": 0}, "min_length"),
-                                           ({"min_length": 9, "max_length": 5}, "min_length"),
+@pytest.mark.parametrize("kwargs, match", [({"min_steps": 0}, "min_steps"),
+                                           ({"min_steps": 9, "max_steps": 5}, "min_steps"),
+                                           ({"max_steps": 98}, "max_steps"),
+                                           ({"lag": 0}, "lag"),
                                            ({"max_completion_length": 50}, "max_completion_length")])
 def test_bad_settings_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        get_task("running_sum", **kwargs)
+        get_task("lagged_sum", **kwargs)
+
+
+def test_a_malformed_prompt_is_named():
+    task = get_task("lagged_sum")
+    example = task.sample(1, seed=4)[0]
+    with pytest.raises(ValueError, match="prompt"):
+        task.demonstration(type(example)(prompt="sum:1,2=", answer="3"))

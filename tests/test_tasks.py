@@ -420,7 +420,7 @@ def test_bad_arguments_raise_value_error_naming_the_problem(build, message):
 
 
 def test_get_task_builds_each_registered_task_and_config_rebuilds_it():
-    assert sorted(TASKS) == ["arithmetic", "constraint_string", "reverse_digits", "running_sum", "sort_digits"]
+    assert sorted(TASKS) == ["arithmetic", "constraint_string", "lagged_sum", "reverse_digits", "sort_digits"]
     for name, cls in TASKS.items():
         task = get_task(name)
         assert isinstance(task, cls) and isinstance(task, Task) and task.name == name

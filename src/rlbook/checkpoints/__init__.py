@@ -98,6 +98,14 @@ RECIPES: dict[str, Recipe] = {
         sft=SFTConfig(max_steps=3000, eval_every=25, stop_at_accuracy=0.35, max_new_tokens=40, seed=0),
         accuracy_band=(0.25, 0.6),
     ),
+    # The long-horizon organism's policy (PPO's lambda, VAPO): 12-24 dependent steps, 71-143 tokens. The chain is
+    # learned abruptly (a first build, measured every 25 steps: 0.14 at SFT step 250, 0.42 at 275, 0.63 at 300), so
+    # accuracy is measured every 10 steps to stop inside the band.
+    "lagged_sum": Recipe(
+        task="lagged_sum",
+        sft=SFTConfig(max_steps=2000, eval_every=10, stop_at_accuracy=0.3, max_new_tokens=146, seed=0),
+        accuracy_band=(0.2, 0.6),
+    ),
     "constraint_string": Recipe(
         task="constraint_string",
         sft=SFTConfig(max_steps=3000, eval_every=50, stop_at_accuracy=0.35, max_new_tokens=16, seed=0),

@@ -19,8 +19,8 @@ Tasks (see :data:`TASKS` and :func:`get_task`):
 - ``"sort_digits"``, :class:`SortDigits`: ``"sort:3142="`` -> ``"1234"`` (scratchpad ``"3,13,134,1234|1234"``);
 - ``"reverse_digits"``, :class:`ReverseDigits`: ``"rev:3142="`` -> ``"2413"`` (scratchpad ``"3,13,413,2413|2413"``);
 - ``"constraint_string"``, :class:`ConstraintString`: ``"len=7 x=3:"`` -> any 7 letters with exactly three ``x``;
-- ``"running_sum"``, :class:`RunningSum`: ``"sum:3, 1, 4, 2="`` -> ``"33,14,48,20|0"`` (each digit, then the sum
-  so far; 35 digits by default: answers of 106 tokens whose steps depend on each other).
+- ``"lagged_sum"``, :class:`LaggedSum`: ``"lag:24:3,23:1,22:4,21:1,20:5,"`` -> ``"19:8,18:9,...,00:4|4"`` (each
+  digit the previous one plus the one five back, mod 10: answers of 101 tokens whose steps depend on each other).
 
 Also: :func:`build_preference_pairs` (DPO pairs), :func:`evaluate` and :func:`pass_at_k` (accuracy, unbiased
 pass@k, lengths), :func:`soft_overlong_penalty` (DAPO's length shaping).
@@ -28,7 +28,7 @@ pass@k, lengths), :func:`soft_overlong_penalty` (DAPO's length shaping).
 
 from rlbook.tasks.arithmetic import Arithmetic
 from rlbook.tasks.base import Example, Task, uses_only_alphabet
-from rlbook.tasks.chain import RunningSum
+from rlbook.tasks.chain import LaggedSum
 from rlbook.tasks.constraints import ConstraintString, check_constraints, parse_constraint_prompt
 from rlbook.tasks.digits import DigitTransformTask, ReverseDigits, SortDigits, corrupt_digits, final_answer
 from rlbook.tasks.evaluate import EvaluationResult, evaluate, pass_at_k
@@ -44,7 +44,7 @@ __all__ = [
     "Example",
     "PreferencePair",
     "ReverseDigits",
-    "RunningSum",
+    "LaggedSum",
     "SortDigits",
     "TASKS",
     "Task",

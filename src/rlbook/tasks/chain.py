@@ -1,28 +1,34 @@
-"""A long-horizon task of dependent steps: the running sum of a digit string, mod 10, written out step by step.
+"""A long-horizon task of dependent steps: continue a lagged-sum sequence of digits for 12 to 24 steps.
 
-``RunningSum``: ``"sum:3, 1, 4, 2="`` -> ``"33,14,48,20|0"``. Each step writes the input digit it adds, then the new
-running sum mod 10, then ``","``; after the last step, ``"|"`` and the last sum. With 35 input digits (the default) a
-demonstration is 106 characters (one token each for the character-level models): answers of 100 tokens and more,
-the regime of value models on long sequences (GAE's lambda, VAPO).
+``LaggedSum`` (lag ``k = 3``): each digit is the previous one plus the one three places back, mod 10,
+``x_t = (x_{t-1} + x_{t-3}) mod 10``. The prompt gives the first three digits and the completion writes the next
+ones, one step per digit: a count-down label, ``":"``, the digit three back (copied) and the new digit; the steps
+are joined by ``","`` and the last one, labelled ``00``, holds the answer::
 
-Every step depends on the one before: sum ``i`` is sum ``i - 1`` plus digit ``i``, so a wrong sum (or a wrongly
-copied digit) carries into every later sum and one early mistake decides the outcome (the last sum is then wrong
-unless a later mistake cancels it, about one time in ten). The reward checks only the final answer, so the outcome
-is decided at a token far from the one the reward is given at: a critic that spots the first wrong step can tell
-the policy where the mistake was, and Monte Carlo returns cannot.
+    prompt      "lag:16:03,15:01,14:04,"
+    completion  "13:34,12:15,11:49,10:43,09:47,08:96,07:39,06:76,05:92,04:64,03:95,02:27,01:63,00:50"
 
-Why this shape: the prompt's digits are three characters apart, as the completion's steps are, and every prompt
-has the same number of digits, so the digit a step copies sits a fixed number of tokens back (one attention head
-could fetch it); the sum is then computed from the digit just copied and the sum of the step before, a few tokens
-back; the separators tell each token its role. No base policy has been trained on it yet: in SFT pilots of the
-0.1M-parameter model (learning rate 3e-3, batch 64) every form tried stayed at chance on the sums, this one
-included (1,000 steps); the earlier forms were sums alone (the far digit and the previous sum are needed at once,
-and neither helps without the other; 750 steps), steps whose stride changes (1,750 steps) and steps without
-separators (1,750 steps). A larger model, a curriculum over the number of digits, or fewer digits are next.
+(the prompt's steps write 0 where a step would copy: they have no digit three back). A completion of ``n`` steps is
+``6n - 1`` characters (one token each for the character-level models); with 12 to 24 steps, 71 to 143 tokens and 107
+on average: the regime of value models on long sequences (GAE's lambda, VAPO), with lengths that vary (VAPO's
+length-adaptive lambda).
 
-Reward (the convention of :mod:`rlbook.tasks.base`): the text after the last ``"|"``, stripped of spaces, must equal
-the last running sum; a completion without ``"|"`` is incorrect. The steps before it are not checked
-(:func:`first_wrong_step` finds the first wrong one, for analysis).
+Every step depends on earlier ones: a wrong digit enters every later sum, so one early slip decides the outcome (the
+last digit is then wrong unless later errors cancel, about one time in ten). The reward checks only the final
+answer, so the outcome is decided at a token far from the one the reward is given at: a critic that spots the first
+wrong step can tell the policy where the mistake was, and a Monte Carlo return cannot.
+
+Why this shape: the steps have a fixed width, so the digit a step copies sits a fixed 18 tokens back, where rotary
+positions let one attention head fetch it, and the sum then adds two digits a few tokens apart (the copy just
+written and the previous step's digit); copying first gives each half its own training signal. The count-down label
+tells the model when to stop (after ``00``) without counting a hundred positions, and the varied length mixes the
+labels between prompts and completions. The 0.1M-parameter model learns it by SFT in a few hundred steps. Designs
+it did not learn in SFT pilots (one seed each, 750 to 4,000 steps): a running sum of the prompt's digits (the digit
+to add sits far back, at a shifting place), and the same recurrence without the copy, where neither operand alone
+says anything about the sum, at lags 3 to 5 (one of three runs at lag 4 learned it, after about 1,000 steps).
+
+Reward (the convention of :mod:`rlbook.tasks.base`): the last step must be labelled ``00`` and end in the answer;
+the steps before it are not checked (:meth:`LaggedSum.first_wrong_step` finds the first wrong one, for analysis).
 """
 
 from __future__ import annotations
@@ -30,96 +36,138 @@ from __future__ import annotations
 import numpy as np
 
 from rlbook.tasks.base import DEFAULT_MAX_COMPLETION_LENGTH, Example, Task, check_int, check_range
-from rlbook.tasks.digits import ANSWER_MARKER, STEP_SEPARATOR, final_answer
+from rlbook.tasks.digits import STEP_SEPARATOR
+
+LABEL_SEPARATOR = ":"
 
 
-def running_sums(digits: str) -> list[int]:
-    """The running sums mod 10 of ``digits``: ``"3142"`` -> ``[3, 4, 8, 0]``."""
-    return [int(s) for s in np.cumsum([int(d) for d in digits]) % 10]
+def lagged_sums(seed: str, steps: int, lag: int) -> str:
+    """The ``steps`` digits after ``seed`` (``lag`` digits) of ``x_t = (x_{t-1} + x_{t-lag}) mod 10``:
+    ``lagged_sums("3141", 3, 4)`` -> ``"459"`` (1 + 3 = 4, 4 + 1 = 5, 5 + 4 = 9)."""
+    if len(seed) != lag or not seed.isdigit():
+        raise ValueError(f"the seed must be {lag} digits (the lag), got {seed!r}")
+    x = [int(d) for d in seed]
+    for _ in range(steps):
+        x.append((x[-1] + x[-lag]) % 10)
+    return "".join(map(str, x[lag:]))
 
 
-PROMPT_SEPARATOR = ", "
+def write_steps(copies: str, digits: str, first_label: int) -> str:
+    """The steps ``<label>:<copy><digit>`` joined by ``","``, labels counting down from ``first_label`` (two
+    digits): ``write_steps("35", "86", 1)`` -> ``"01:38,00:56"``."""
+    return STEP_SEPARATOR.join(f"{first_label - i:02d}{LABEL_SEPARATOR}{c}{d}"
+                               for i, (c, d) in enumerate(zip(copies, digits)))
 
 
-def write_steps(digits: str, sums) -> str:
-    """The steps ``digit sum`` of a completion joined by ``","``, then ``"|"`` and the last sum:
-    ``"3142", [3, 4, 8, 0]`` -> ``"33,14,48,20|0"``."""
-    steps = STEP_SEPARATOR.join(f"{d}{s}" for d, s in zip(digits, sums))
-    return steps + ANSWER_MARKER + str(sums[-1])
+def step_bodies(text: str) -> list[str]:
+    """What each step of ``text`` writes after its label: ``"01:38,00:56"`` -> ``["38", "56"]`` (``""`` for a step
+    without a label)."""
+    if not text:
+        return []
+    return [step.rsplit(LABEL_SEPARATOR, 1)[1].strip(" ") if LABEL_SEPARATOR in step else ""
+            for step in text.split(STEP_SEPARATOR)]
 
 
-def first_wrong_step(digits: str, text: str) -> int | None:
-    """The index of the first step of ``text`` (before ``"|"``) whose digit or sum differs from the
-    demonstration's, the number of steps written if there are too few, or None when every step is right (the final
-    answer is not looked at)."""
-    written = text.rsplit(ANSWER_MARKER, 1)[0].split(STEP_SEPARATOR) if text else []
-    right = write_steps(digits, running_sums(digits)).rsplit(ANSWER_MARKER, 1)[0].split(STEP_SEPARATOR)
-    for i, step in enumerate(right):
-        if i >= len(written) or written[i].strip(" ") != step:
-            return i
-    return None
-
-
-class RunningSum(Task):
-    """Write each digit of a digit string and the running sum mod 10 after it, then the last sum.
-
-    Prompt ``"sum:<d1>, <d2>, ...="``; answer: the last running sum (one digit); demonstration: the steps
-    ``<digit><sum>`` joined by ``","``, then ``"|"`` and the answer.
+class LaggedSum(Task):
+    """Continue ``x_t = (x_{t-1} + x_{t-lag}) mod 10`` from the ``lag`` digits of the prompt, one labelled step per
+    digit (the digit ``lag`` back, then the new one), counting down to the step labelled ``00``, whose last digit is
+    the answer (see the module's docstring).
 
     Args:
-        min_length, max_length: the number of input digits, drawn uniformly from this range (inclusive); the
-            default, 35 for both, gives every prompt the same shape (see the module's docstring).
+        min_steps, max_steps: how many steps the completion writes, drawn uniformly from this range (inclusive).
+        lag: how far back the second term of each sum sits, and the number of seed digits. With the defaults (3,
+            12-24 steps) there are 13,000 distinct prompts. ``max_steps + lag`` must be at most 100 (two-digit
+            labels).
         correct_reward, incorrect_reward, max_completion_length, **kwargs: see :class:`rlbook.tasks.base.Task`.
     """
 
-    name = "running_sum"
-    prefix = "sum"
+    name = "lagged_sum"
+    prefix = "lag"
 
-    def __init__(self, min_length: int = 35, max_length: int = 35, correct_reward: float = 1.0,
+    def __init__(self, min_steps: int = 12, max_steps: int = 24, lag: int = 3, correct_reward: float = 1.0,
                  incorrect_reward: float = 0.0, max_completion_length: int = DEFAULT_MAX_COMPLETION_LENGTH,
                  **kwargs):
-        self.min_length = check_int(min_length, "min_length", minimum=1)
-        self.max_length = check_int(max_length, "max_length", minimum=1)
-        check_range(self.min_length, self.max_length, "min_length", "max_length")
+        self.min_steps = check_int(min_steps, "min_steps", minimum=1)
+        self.max_steps = check_int(max_steps, "max_steps", minimum=1)
+        check_range(self.min_steps, self.max_steps, "min_steps", "max_steps")
+        self.lag = check_int(lag, "lag", minimum=1)
+        if self.max_steps + self.lag > 100:
+            raise ValueError(f"max_steps + lag must be at most 100 (two-digit labels), got {self.max_steps} + "
+                             f"{self.lag}")
         super().__init__(correct_reward, incorrect_reward, max_completion_length, **kwargs)
 
     @property
     def max_prompt_length(self) -> int:
-        """``"sum:"``, ``L`` digits and ``L - 1`` separators ``", "``, ``"="``: ``3L + 3``."""
-        return len(self.prefix) + 3 * self.max_length
+        """``"lag:"`` and ``lag`` steps of six characters (label, ``":"``, two digits, ``","``): ``4 + 6 lag``."""
+        return len(self.prefix) + 1 + 6 * self.lag
 
     @property
     def max_demonstration_length(self) -> int:
-        """``L`` steps of two characters, ``L - 1`` commas, ``"|"`` and the answer: ``3L + 1``."""
-        return 3 * self.max_length + 1
+        """``max_steps`` steps of five characters and the commas between them: ``6 max_steps - 1``."""
+        return 6 * self.max_steps - 1
 
     def config(self) -> dict:
-        return {"min_length": self.min_length, "max_length": self.max_length, **super().config()}
+        return {"min_steps": self.min_steps, "max_steps": self.max_steps, "lag": self.lag, **super().config()}
 
     def sample_one(self, rng: np.random.Generator) -> Example:
-        length = int(rng.integers(self.min_length, self.max_length + 1))
-        digits = "".join(str(d) for d in rng.integers(0, 10, size=length))
-        return Example(prompt=f"{self.prefix}:{PROMPT_SEPARATOR.join(digits)}=", answer=str(running_sums(digits)[-1]),
-                       meta={"digits": digits, "length": length})
+        steps = int(rng.integers(self.min_steps, self.max_steps + 1))
+        seed = "".join(str(d) for d in rng.integers(0, 10, size=self.lag))
+        prompt = f"{self.prefix}:{write_steps('0' * self.lag, seed, steps + self.lag - 1)}{STEP_SEPARATOR}"
+        return Example(prompt=prompt, answer=lagged_sums(seed, steps, self.lag)[-1],
+                       meta={"seed": seed, "steps": steps})
 
-    def input_digits(self, example: Example) -> str:
-        """The digits of the prompt ``"sum:<d1>, <d2>, ...="`` as one string."""
+    def _parse_prompt(self, example: Example) -> tuple[str, int]:
+        """The seed digits and the number of steps to write (the last seed step's label)."""
         head = f"{self.prefix}:"
-        if not (example.prompt.startswith(head) and example.prompt.endswith("=")):
-            raise ValueError(f"prompt {example.prompt!r} is not of the form '{head}<d1>, <d2>, ...='")
-        return example.prompt[len(head):-1].replace(PROMPT_SEPARATOR, "")
+        if not (example.prompt.startswith(head) and example.prompt.endswith(STEP_SEPARATOR)):
+            raise ValueError(f"prompt {example.prompt!r} is not of the form '{head}<label>:0<digit>,...,'")
+        body = example.prompt[len(head):-1]
+        seed = "".join(b[1:] for b in step_bodies(body))
+        if len(seed) != self.lag or not seed.isdigit():
+            raise ValueError(f"prompt {example.prompt!r} does not give {self.lag} seed digits")
+        return seed, int(body.rsplit(STEP_SEPARATOR, 1)[-1].split(LABEL_SEPARATOR)[0])
+
+    def num_steps(self, example: Example) -> int:
+        """How many steps the completion of ``example`` writes."""
+        return self._parse_prompt(example)[1]
+
+    def right_steps(self, example: Example) -> list[str]:
+        """What each step of the right completion writes after its label: the copied digit and the new one."""
+        seed, steps = self._parse_prompt(example)
+        x = seed + lagged_sums(seed, steps, self.lag)
+        return [x[t - self.lag] + x[t] for t in range(self.lag, len(x))]
 
     def demonstration(self, example: Example) -> str:
-        digits = self.input_digits(example)
-        return write_steps(digits, running_sums(digits))
+        right = self.right_steps(example)
+        return write_steps("".join(s[0] for s in right), "".join(s[1] for s in right), len(right) - 1)
 
     def check_answer(self, example: Example, text: str) -> bool:
-        return final_answer(text) == example.answer
+        """The last step is ``00:<a digit><answer>``."""
+        last = text.rsplit(STEP_SEPARATOR, 1)[-1].strip(" ")
+        head = f"00{LABEL_SEPARATOR}"
+        return len(last) == len(head) + 2 and last.startswith(head) and last[-2].isdigit() and \
+            last[-1] == example.answer
+
+    def first_wrong_step(self, example: Example, text: str) -> int | None:
+        """The index of the first step of ``text`` that writes other digits than the demonstration's (the number of
+        steps written if there are too few), or None when every step is right (labels are not looked at)."""
+        right, written = self.right_steps(example), step_bodies(text)
+        for i, body in enumerate(right):
+            if i >= len(written) or written[i] != body:
+                return i
+        return None
 
     def near_miss(self, example: Example, rng: np.random.Generator) -> str:
-        """The demonstration with one sum wrong (off by 1 to 9) and the mistake carried to the end: the chain a
-        policy writes when it slips once."""
-        digits = self.input_digits(example)
-        sums = running_sums(digits)
-        position, shift = int(rng.integers(0, len(sums))), int(rng.integers(1, 10))
-        return write_steps(digits, sums[:position] + [(s + shift) % 10 for s in sums[position:]])
+        """The demonstration with one digit wrong (off by 1 to 9) and the recurrence carried on from it: the chain
+        a policy writes when it slips once (if the error cancels out by the end, the last digit is changed too,
+        so that the answer is wrong)."""
+        seed, steps = self._parse_prompt(example)
+        x = [int(d) for d in seed + lagged_sums(seed, steps, self.lag)]
+        position, shift = self.lag + int(rng.integers(0, steps)), int(rng.integers(1, 10))
+        x[position] = (x[position] + shift) % 10
+        for t in range(position + 1, len(x)):
+            x[t] = (x[t - 1] + x[t - self.lag]) % 10
+        if str(x[-1]) == example.answer:
+            x[-1] = (x[-1] + shift) % 10
+        digits = "".join(map(str, x))
+        return write_steps(digits[:-self.lag], digits[self.lag:], steps - 1)

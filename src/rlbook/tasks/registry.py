@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlbook.tasks.arithmetic import Arithmetic
 from rlbook.tasks.base import Task
-from rlbook.tasks.chain import RunningSum
+from rlbook.tasks.chain import LaggedSum
 from rlbook.tasks.constraints import ConstraintString
 from rlbook.tasks.digits import ReverseDigits, SortDigits
 
@@ -13,7 +13,7 @@ TASKS = {
     SortDigits.name: SortDigits,
     ReverseDigits.name: ReverseDigits,
     ConstraintString.name: ConstraintString,
-    RunningSum.name: RunningSum,
+    LaggedSum.name: LaggedSum,
 }
 
 
