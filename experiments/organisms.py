@@ -25,7 +25,8 @@ from rlbook.organisms import ORGANISMS, baseline_change, baseline_level, gate_ho
 RESULTS = Path(__file__).parent / "results"
 LOGGED = ("accuracy", "entropy", "completions/mean_length", "completions/clipped_ratio", "clip_ratio/region_mean",
           "frac_reward_zero_std", "num_completions", "dynamic_sampling/groups", "clip_ratio/low_mean",
-          "clip_ratio/high_mean", "ratio/min", "ratio/max", "moe/route_changed", "approx_kl", "reward")
+          "clip_ratio/high_mean", "ratio/min", "ratio/max", "moe/route_changed", "approx_kl", "reward",
+          "explained_variance", "loss/value")
 
 
 def results_path(name: str) -> Path:
@@ -35,7 +36,7 @@ def results_path(name: str) -> Path:
 def run_one(arm_name, arm, seed, *, organism: str, evaluation: dict | None = None, **settings) -> dict:
     """One run: train ``arm`` from the organism's base policy, evaluating on its held-out prompts
     (``evaluation`` overrides the organism's ``num_prompts``, ``num_samples``, ``eval_every``: the tests)."""
-    from rlbook.callbacks import ExpertRoutingChanges
+    from rlbook.callbacks import ExpertRoutingChanges, ValuePretrainingHistory
 
     spec = get_organism(organism)
     settings = {**spec.settings, **settings}
@@ -43,9 +44,12 @@ def run_one(arm_name, arm, seed, *, organism: str, evaluation: dict | None = Non
              **(evaluation or {})}
     evaluation = HeldOutEvaluation(**sizes, ks=(1, sizes["num_samples"]))
     # a mixture-of-experts policy also logs the share of tokens its updates re-routed (nothing for a dense one)
-    record = train_run(spec.policy, arm, seed, callbacks=[evaluation, ExpertRoutingChanges()], logged=LOGGED,
-                       **settings)
+    pretraining = ValuePretrainingHistory()
+    record = train_run(spec.policy, arm, seed, callbacks=[evaluation, ExpertRoutingChanges(), pretraining],
+                       logged=LOGGED, **settings)
     record["evals"] = evaluation.records
+    if any(pretraining.history.values()):  # an arm that pretrains its value model: what the pretraining reached
+        record["value_pretrain"] = pretraining.history
     return record
 
 

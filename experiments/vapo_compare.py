@@ -33,7 +33,7 @@ from pathlib import Path
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    from rlbook.callbacks import TrainerCallback
+    from rlbook.callbacks import ValuePretrainingHistory
     from rlbook.experiment import Arm, run_experiment, train_run
 
 RESULTS = Path(__file__).parent / "results" / "vapo_compare.json"
@@ -51,17 +51,9 @@ LOGGED = ("reward", "accuracy", "completions/mean_length", "loss/value", "explai
           "clip_ratio/region_mean", "approx_kl", "loss/nll", "vapo/lam_policy")
 
 
-class ValuePretraining(TrainerCallback):
-    """Keeps the value pretraining's history (the trainer runs it before the first step of ``train``)."""
-
-    def on_train_begin(self, trainer):
-        self.history = {k: [m.get(k) for m in trainer.value_pretrain_history]
-                        for k in ("loss/value", "explained_variance")}
-
-
 def run_one(name: str, arm: Arm, seed: int, steps: int = STEPS, eval_size: int = EVAL_SIZE) -> dict:
     """One run of ``arm``: held-out accuracy, the per-step metrics of ``LOGGED``, the value pretraining's history."""
-    pretraining = ValuePretraining()
+    pretraining = ValuePretrainingHistory()
     record = train_run(TASK, arm, seed, callbacks=[pretraining], logged=LOGGED, **COMMON, max_steps=steps,
                        eval_every=min(EVAL_EVERY, steps), eval_size=eval_size)
     return {**record, "pretrain": pretraining.history}

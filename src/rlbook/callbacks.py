@@ -124,6 +124,17 @@ class PostUpdateRatios(TrainerCallback):
                 "post_update/max_abs_log_ratio_sequence": float(sequences.abs().max())}
 
 
+class ValuePretrainingHistory(TrainerCallback):
+    """Keeps what value pretraining (``value_pretrain_steps``, which the trainer runs before the first step) measured
+    at each of its rollouts: ``history = {"loss/value": [...], "explained_variance": [...]}``, empty lists when
+    the run did not pretrain."""
+
+    KEYS = ("loss/value", "explained_variance")
+
+    def on_train_begin(self, trainer):
+        self.history = {k: [m.get(k) for m in trainer.value_pretrain_history] for k in self.KEYS}
+
+
 class ExpertRoutingChanges(TrainerCallback):
     """For a mixture-of-experts policy: the share of completion tokens whose experts changed during the step's
     updates, and the mean |log-ratio| after the update of the tokens whose routing changed and of the others (the
