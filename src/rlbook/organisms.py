@@ -95,6 +95,8 @@ class Organism:
 
 # --- the organisms ------------------------------------------------------------------------------------------------
 
+LONG_CHAIN_PRETRAIN = 20  # value-pretraining rollouts of the long_chain organism's lambda arms
+
 _DAPO_PARTS = dict(dynamic_sampling=False, mask_truncated_completions=False, overlong_buffer_length=None)
 
 ORGANISMS: dict[str, Organism] = {
@@ -235,8 +237,8 @@ ORGANISMS: dict[str, Organism] = {
     # the budget by step 50; 0.03 fell by step 100 (100 steps keep the full run within the time the shared cores
     # allow). GRPO with the KL penalty in the reward (PPO-RLHF's -beta k1 per token; the arm) is used
     # because PPO's four epochs and value model cost several times as much per step on the shared cores. The held-out
-    # evaluations record kl_to_base (the x-axis, sqrt(KL)); the trainer's per-step `accuracy` compares the reward
-    # with correct_reward, so under a bonus it reads 0 here: the gold is the evaluations' expected_accuracy.
+    # evaluations record kl_to_base (the x-axis, sqrt(KL)); the gold is the evaluations' expected_accuracy (the
+    # trainer's per-step `accuracy` is the task's verdict too, on the training samples).
     "proxy_reward": Organism(
         name="proxy_reward",
         description="sort 3-6 digits with a scratchpad against a proxy reward, the rule plus 0.03 per completion "
@@ -247,6 +249,29 @@ ORGANISMS: dict[str, Organism] = {
         arms={"no_kl": Arm("grpo", beta=0.0),
               "kl_penalty": Arm("grpo", beta=0.05, kl_placement="reward")},
         metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=20,
+    ),
+    # The long horizon (PPO's GAE lambda, VAPO): continue a chain of 12-24 dependent digits (71-143 tokens), each the
+    # previous one plus the one three back (mod 10), with the reward on the last step only. One early slip decides
+    # the outcome, far from the token the reward lands on: a critic that learned to spot the first wrong step can
+    # put the blame there (small lambda), Monte Carlo returns (lambda 1) spread it over the whole chain. The lambda
+    # arms share one critic recipe: pretrained on the base policy's rollouts with Monte Carlo targets (lam_critic 1,
+    # VAPO's decoupled GAE, the "vapo" estimator with a fixed policy lambda), so that only the policy's lambda
+    # differs. `ppo` is the preset as shipped (one lambda, 0.95, for both, and no pretraining). The critic learned
+    # nothing here (explained variance near 0 after 20 pretraining rollouts; 0.07 at most in pilots of 150), so the
+    # sweep measures lambda with an uninformed critic (experiments/PLANS.md).
+    "long_chain": Organism(
+        name="long_chain",
+        description="continue a chain of 12-24 dependent digits (71-143 tokens), rewarded on the last one: one "
+                    "early slip decides the outcome, far from where the reward lands",
+        policy="lagged_sum",
+        task_kwargs={},
+        settings=dict(max_completion_length=146, learning_rate=1e-4, max_steps=40, per_device_train_batch_size=64),
+        arms={"ppo": Arm("ppo"),
+              **{f"ppo_lam_{lam:g}": Arm("ppo", advantage_estimator="vapo", lam=lam, lam_critic=1.0,
+                                         value_pretrain_steps=LONG_CHAIN_PRETRAIN)
+                 for lam in (0.0, 0.5, 0.95, 1.0)},
+              "grpo": Arm("grpo", beta=0.0)},
+        metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=4, eval_every=20,
     ),
 }
 
