@@ -53,6 +53,10 @@ PHENOMENA = [
          "every reward is shifted up", organism="shifted_rewards", fix="rloo"),
     dict(chapter="ppo", phenomenon="accuracy falls when PPO takes 16 updates per rollout without its clip",
          organism="many_updates", fix="ppo"),
+    # GAE's lambda on 100-token chains whose critic learned nothing (explained variance near 0 after pretraining):
+    # the preset's lambda 0.95 against Monte Carlo advantages (lambda 1, the critic pretrained on Monte Carlo targets)
+    dict(chapter="ppo", phenomenon="PPO's accuracy falls on 100-token answers with GAE's lambda 0.95 and a critic "
+         "that has learned nothing", organism="long_chain", fix="ppo_lam_1"),
     # the KL penalty in the reward (beta 0.05) against none; Gao et al. found it acts like early stopping, so its
     # gold at the last step may be higher without moving the gold-versus-sqrt(KL) frontier (see the chapter)
     dict(chapter="ppo_rlhf", phenomenon="gold accuracy falls while a length-biased proxy reward is optimised",
