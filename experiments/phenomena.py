@@ -57,6 +57,11 @@ PHENOMENA = [
     # the preset's lambda 0.95 against Monte Carlo advantages (lambda 1, the critic pretrained on Monte Carlo targets)
     dict(chapter="ppo", phenomenon="PPO's accuracy falls on 100-token answers with GAE's lambda 0.95 and a critic "
          "that has learned nothing", organism="long_chain", fix="ppo_lam_1"),
+    # VAPO's motivating case at this scale: PPO (lambda 0.95, a critic neither pretrained nor given Monte Carlo
+    # targets) on 100-token chains; the fix is VAPO with alpha rescaled to these lengths (its chapter shows the
+    # paper's alpha and the seven ablations beside it)
+    dict(chapter="vapo", phenomenon="PPO's accuracy falls on 100-token answers whose critic has learned nothing",
+         organism="long_chain", fix="vapo_alpha_0.5"),
     # the KL penalty in the reward (beta 0.05) against none; Gao et al. found it acts like early stopping, so its
     # gold at the last step may be higher without moving the gold-versus-sqrt(KL) frontier (see the chapter)
     dict(chapter="ppo_rlhf", phenomenon="gold accuracy falls while a length-biased proxy reward is optimised",

@@ -96,6 +96,17 @@ class Organism:
 # --- the organisms ------------------------------------------------------------------------------------------------
 
 LONG_CHAIN_PRETRAIN = 20  # value-pretraining rollouts of the long_chain organism's lambda arms
+VAPO_ALPHA = 0.5  # VAPO's length-adaptive lambda's alpha rescaled to long_chain's 71-143 tokens
+# VAPO's seven techniques, each switched off alone (on top of the rescaled alpha): the long_chain ablations
+VAPO_ABLATIONS = {
+    "value_pretraining": dict(value_pretrain_steps=0),
+    "decoupled_gae": dict(lam_critic=None),  # the critic's targets at the policy's lambda
+    "adaptive_lambda": dict(lam_alpha=None),  # lambda 0.95 for every length
+    "token_loss": dict(loss_type="grpo"),  # each completion's token mean, then the batch mean
+    "clip_higher": dict(epsilon_high=None),  # the symmetric clip 0.2
+    "nll": dict(nll_coef=0.0),  # no NLL on the correct completions
+    "group_sampling": dict(num_generations=1),  # 64 prompts with one completion each instead of 8 x 8
+}
 
 _DAPO_PARTS = dict(dynamic_sampling=False, mask_truncated_completions=False, overlong_buffer_length=None)
 
@@ -270,7 +281,22 @@ ORGANISMS: dict[str, Organism] = {
               **{f"ppo_lam_{lam:g}": Arm("ppo", advantage_estimator="vapo", lam=lam, lam_critic=1.0,
                                          value_pretrain_steps=LONG_CHAIN_PRETRAIN)
                  for lam in (0.0, 0.5, 0.95, 1.0)},
-              "grpo": Arm("grpo", beta=0.0)},
+              "grpo": Arm("grpo", beta=0.0),
+              # VAPO (issue 20, deliverable 3): alpha rescaled to these lengths (lambda 1 - 1/(alpha l) about 0.98 at
+              # 107 tokens, as the paper's 0.05 gives at its 1,000-4,000), the paper's alpha beside it, each of its
+              # seven techniques off in turn, and DAPO at the same samples per step
+              "vapo_alpha_0.5": Arm("vapo", lam_alpha=VAPO_ALPHA),
+              "vapo": Arm("vapo"),
+              **{f"vapo_no_{part}": Arm("vapo", **{"lam_alpha": VAPO_ALPHA, **off})
+                 for part, off in VAPO_ABLATIONS.items()},
+              # added after the first runs (an explanation to test): with one update per rollout the ratio is 1 and
+              # no clip binds, so clip-higher is tested again where it can act, four minibatch updates per rollout
+              # (16 completions each, still 64 per step), as the paper's 512-prompt minibatches of a larger rollout
+              **{f"vapo_4_updates{suffix}": Arm("vapo", lam_alpha=VAPO_ALPHA, per_device_train_batch_size=16,
+                                                steps_per_generation=4, **off)
+                 for suffix, off in (("", {}), ("_no_clip_higher", VAPO_ABLATIONS["clip_higher"]))},
+              # DAPO without its dynamic sampling, which would draw more completions per step than the others
+              "dapo": Arm("dapo", dynamic_sampling=False)},
         metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=4, eval_every=20,
     ),
 }
