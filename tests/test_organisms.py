@@ -161,3 +161,19 @@ def test_phenomena_json_is_computed_from_the_stored_results():
         assert any((EXPERIMENTS.parent / "book").glob(f"*/{entry['chapter']}.md")), entry["chapter"]
         mean, low, high = entry["baseline_change"]
         assert low <= mean <= high
+
+
+def test_critic_explained_variance_is_nan_where_no_answer_was_right_and_empty_without_pretraining():
+    from rlbook.organisms import critic_explained_variance
+
+    runs = [{"metrics": {"explained_variance": [0.1, 0.2, 0.3], "accuracy": [0.5, 0.0, 0.25]},
+             "value_pretrain": {"explained_variance": [0.0, 0.05]}},
+            {"metrics": {"explained_variance": [0.4, 0.5, 0.6], "accuracy": [0.0, 0.5, 0.5]},
+             "value_pretrain": {"explained_variance": [0.01, 0.02]}}]
+    pretrain, train = critic_explained_variance(runs)
+    np.testing.assert_array_equal(pretrain, [[0.0, 0.05], [0.01, 0.02]])
+    np.testing.assert_array_equal(train, [[0.1, np.nan, 0.3], [np.nan, 0.5, 0.6]])
+    for run in runs:
+        del run["value_pretrain"]
+    pretrain, train = critic_explained_variance(runs)
+    assert pretrain.shape == (2, 0) and train.shape == (2, 3)

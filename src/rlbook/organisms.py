@@ -335,6 +335,17 @@ def eval_series(runs: list[dict], metric: str) -> tuple[np.ndarray, np.ndarray]:
     return np.array(steps), np.array([[e[metric] for e in run["evals"]] for run in runs], dtype=float)
 
 
+def critic_explained_variance(runs: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """The critic's explained variance of one arm's runs (``experiments/organisms.py`` records): over its value
+    pretraining, ``(seeds, rollouts)`` (``(seeds, 0)`` for an arm that does not pretrain), and over training,
+    ``(seeds, steps)``, NaN at a step whose batch had no right answer (returns without variance, where the
+    explained variance is undefined)."""
+    train = np.array([run["metrics"]["explained_variance"] for run in runs], dtype=float)
+    train[np.array([run["metrics"]["accuracy"] for run in runs], dtype=float) == 0] = np.nan
+    pretrain = np.array([run.get("value_pretrain", {}).get("explained_variance", []) for run in runs], dtype=float)
+    return pretrain.reshape(len(runs), -1), train
+
+
 def baseline_change(runs: list[dict], metric: str) -> tuple[float, float, float]:
     """The metric's change from the first evaluation to the last, mean and 95 % t-interval over seeds."""
     return mean_interval(metric_at(runs, metric, -1) - metric_at(runs, metric, 0))
