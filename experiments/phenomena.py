@@ -74,6 +74,12 @@ PHENOMENA = [
          fix_metric="expected_accuracy", fix_direction="up"),
     dict(chapter="dpo", phenomenon="iterated DPO on offline near-miss pairs lowers the held-out accuracy",
          organism="offline_pairs", results="dpo_onpolicy", script="experiments/dpo_onpolicy.py", fix="on_policy"),
+    # GAPO (its own script): PPO against a warmed-up encoder judge kept frozen, a judge that ranks wrong lengths right
+    # and wrong letter counts at chance while the policy's mistakes are wrong counts; the fix is GAPO with
+    # rule-labelled negatives (its chapter shows the GAN reading of the pairs, PPO on the rule and DPO beside it)
+    dict(chapter="gapo", phenomenon="gold accuracy falls while PPO optimises a frozen judge that cannot see the "
+         "policy's mistakes", organism="frozen_judge", results="gapo_compare", script="experiments/gapo_compare.py",
+         fix="gapo"),
 ]
 
 

@@ -88,8 +88,11 @@ def test_one_adversarial_round_updates_both_players(base):
     policy_before = [p.detach().clone() for p in policy.parameters()]
     encoder = build_encoder_reward_model(tokenizer, seed=0)
     encoder_before = [p.detach().clone() for p in encoder.parameters()]
-    out = train_gapo(policy, tokenizer, task, config, encoder=encoder)
+    calls = []
+    out = train_gapo(policy, tokenizer, task, config, encoder=encoder,
+                     evaluate=lambda p, e: calls.append((p, e)) or {"mine": len(calls)})
     assert [h["round"] for h in out["history"]] == [0, 1]
+    assert [h["mine"] for h in out["history"]] == [1, 2] and calls[0] == (policy, encoder)
     assert not all(torch.allclose(a, b) for a, b in zip(policy_before, policy.parameters()))
     assert not all(torch.allclose(a, b) for a, b in zip(encoder_before, encoder.parameters()))
     assert out["trainer"].value_model is not None and out["trainer"].value_model is not encoder  # E29
@@ -108,6 +111,22 @@ def test_fresh_pairs_put_the_reference_first_and_skip_copies(base):
     assert len(pairs) == 1 and pairs[0].chosen == reference and pairs[0].rejected == "zz"
 
 
+def test_rule_negatives_never_reject_a_correct_sample(base):
+    _, _, task = base
+    (example,) = task.sample(1, 0)
+    reference = task.demonstration(example)
+    other_correct = reference[::-1]  # the same letters in another order satisfy the same counts
+    assert other_correct != reference and task.is_correct(example, other_correct)
+    wrong = task.near_miss(example, np.random.default_rng(0))
+    seen = [(example, reference), (example, other_correct), (example, " " + wrong)]
+    gan = fresh_pairs(task, seen)  # every non-reference sample is "fake", the correct one too
+    assert [p.rejected for p in gan] == [other_correct, wrong]
+    rule = fresh_pairs(task, seen, negatives="rule")
+    assert [(p.chosen, p.rejected) for p in rule] == [(reference, wrong)]
+    with pytest.raises(ValueError, match="negatives"):
+        fresh_pairs(task, seen, negatives="all")
+
+
 def test_bad_input(base):
     _, tokenizer, task = base
     with pytest.raises(ValueError, match="size"):
@@ -118,6 +137,8 @@ def test_bad_input(base):
         GAPOConfig(fresh_fraction=1.5)
     with pytest.raises(ValueError, match="rounds"):
         GAPOConfig(rounds=0)
+    with pytest.raises(ValueError, match="negatives"):
+        GAPOConfig(negatives="everything")
     encoder = build_encoder_reward_model(tokenizer, size="tiny", max_length=8)
     ids, mask, _ = encode_completions(tokenizer, ["len=5 x=2:"], ["xxabc"])
     with pytest.raises(ValueError, match="positions"):

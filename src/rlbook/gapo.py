@@ -14,7 +14,9 @@ Generative Adversarial Policy Optimization (Gu et al., 2025) makes the reward mo
 
 What the paper's text leaves open, and what we assume: a fresh pair puts the task's reference response (the "real"
 data) as chosen against a generator sample (the "fake") as rejected, as in a GAN; a sample identical to the
-reference is skipped. The encoder therefore never sees the task's rule during the adversarial phase.
+reference is skipped, and the encoder never sees the task's rule during the adversarial phase
+(``negatives="non_reference"``). ``negatives="rule"`` rejects only the samples the task's rule marks wrong, so a
+correct sample is never pushed down (the rule then labels the judge's fresh data).
 
 Roles (erratum E29): the encoder is the reward/discriminator; the PPO critic is a separate value model.
 """
@@ -133,21 +135,32 @@ def warmup_encoder(model, tokenizer, train_pairs, test_pairs, steps: int = 100, 
     return [before, history.eval_accuracy[-1]]
 
 
-def fresh_pairs(task, seen) -> list[PreferencePair]:
-    """GAN-style pairs from generator samples: the task's reference response (chosen, "real") against the
-    sample (rejected, "fake"); samples equal to the reference are skipped."""
+NEGATIVES = ("non_reference", "rule")
+
+
+def fresh_pairs(task, seen, negatives: str = "non_reference") -> list[PreferencePair]:
+    """Pairs from generator samples: the task's reference response (chosen, "real") against a sample
+    (rejected).
+
+    ``negatives="non_reference"`` (the GAN reading): every sample that differs from the reference is
+    "fake", even a correct one. ``negatives="rule"``: only samples the task's rule marks wrong are
+    rejected; a correct sample is never pushed down."""
+    if negatives not in NEGATIVES:
+        raise ValueError(f"negatives must be one of {NEGATIVES}, got {negatives!r}")
     pairs = []
     for example, completion in seen:
-        reference = task.demonstration(example)
-        if completion.strip() != reference:
-            pairs.append(PreferencePair(prompt=example.prompt, chosen=reference, rejected=completion.strip()))
+        reference, sample = task.demonstration(example), completion.strip()
+        fake = (sample != reference if negatives == "non_reference"
+                else not task.is_correct(example, completion))
+        if fake:
+            pairs.append(PreferencePair(prompt=example.prompt, chosen=reference, rejected=sample))
     return pairs
 
 
 @dataclass
 class GAPOConfig:
-    """Knobs of :func:`train_gapo`. ``encoder_steps=0`` gives the control: PPO against the frozen warmed-up
-    encoder. ``rl`` overrides the ``"ppo"`` preset (TRL names); ``beta`` is its KL coefficient (in the reward, as
+    """Knobs of :func:`train_gapo`. ``encoder_steps=0`` gives the baseline: PPO against the frozen warmed-up
+    encoder. ``negatives`` picks which samples the fresh pairs reject (:func:`fresh_pairs`). ``rl`` overrides the ``"ppo"`` preset (TRL names); ``beta`` is its KL coefficient (in the reward, as
     PPO's)."""
 
     rounds: int = 4
@@ -155,6 +168,7 @@ class GAPOConfig:
     encoder_steps: int = 5  # Bradley–Terry steps per round (0: frozen reward model)
     encoder_batch_size: int = 64
     fresh_fraction: float = 0.5  # share of fresh (reference vs sample) pairs in each encoder batch
+    negatives: str = "non_reference"  # which samples a fresh pair rejects (see fresh_pairs)
     encoder_lr: float = 1e-3
     warmup_steps: int = 100
     num_train_pairs: int = 1000
@@ -162,7 +176,8 @@ class GAPOConfig:
     encoder_size: str = "small"
     encoder_arch: str = "bert"
     beta: float = 0.01  # the KL penalty's coefficient, in the per-token reward (OpenRLHF's init_kl_coef)
-    rl: dict = field(default_factory=lambda: dict(learning_rate=3e-4, num_generations=4,
+    # PPO at the learning rate the PPO chapter found safe with its four updates per rollout
+    rl: dict = field(default_factory=lambda: dict(learning_rate=1e-4, num_generations=4,
                                                   per_device_train_batch_size=64, max_completion_length=16))
     seed: int = 0
 
@@ -173,6 +188,8 @@ class GAPOConfig:
         for name in ("encoder_steps", "warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.negatives not in NEGATIVES:
+            raise ValueError(f"negatives must be one of {NEGATIVES}, got {self.negatives!r}")
         if not 0.0 <= self.fresh_fraction <= 1.0:
             raise ValueError(f"fresh_fraction must lie in [0, 1], got {self.fresh_fraction}")
         if not self.encoder_lr > 0 or self.beta < 0:
@@ -180,7 +197,7 @@ class GAPOConfig:
 
 
 def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, encoder=None,
-               device=None) -> dict:
+               device=None, evaluate=None) -> dict:
     """Warm up an encoder reward model, then alternate PPO on the policy (in place) with encoder
     updates.
 
@@ -189,7 +206,10 @@ def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, enc
     encoder's held-out pair accuracy (``pair_accuracy``), the mean encoder ``reward`` and gold rate
     on training samples (``train_gold``), the gold constraint-satisfaction rate on held-out prompts
     by the task's rule (``gold``) and ``objective/kl_per_token``, the round's mean of the trainer's
-    metric of that name (the per-token k1 to the reference of the samples; 0 in round 0)."""
+    metric of that name (the per-token k1 to the reference of the samples; 0 in round 0).
+
+    ``evaluate(policy, encoder) -> dict``, if given, runs after the warm-up and after every round;
+    its entries join that round's history (an experiment's own held-out measurements)."""
     config = config or GAPOConfig()
     device = device if device is not None else next(policy.parameters()).device
     train_pairs = build_preference_pairs(task, config.num_train_pairs, seed=[config.seed, 1],
@@ -211,11 +231,13 @@ def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, enc
     rng = np.random.default_rng([config.seed, 3])
     history = [{"round": 0, "pair_accuracy": warmup[1], "gold": trainer.evaluate(),
                 "reward": float("nan"), "train_gold": float("nan"), "objective/kl_per_token": 0.0,
-                "encoder_loss": float("nan")}]
+                "encoder_loss": float("nan"), "num_fresh_pairs": 0}]
+    if evaluate is not None:
+        history[0].update(evaluate(policy, encoder))
     for round_ in range(1, config.rounds + 1):
         scorer.seen.clear()
         steps = trainer.train(config.generator_steps, progress=False)[-config.generator_steps:]
-        fresh = fresh_pairs(task, scorer.seen)
+        fresh = fresh_pairs(task, scorer.seen, config.negatives)
         losses = []
         for _ in range(config.encoder_steps):
             n_fresh = int(round(config.fresh_fraction * config.encoder_batch_size)) if fresh else 0
@@ -231,5 +253,8 @@ def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, enc
                         "train_gold": float(np.mean([s["accuracy"] for s in steps])),
                         "objective/kl_per_token": float(np.mean(
                             [s.get("objective/kl_per_token", 0.0) for s in steps])),
-                        "encoder_loss": float(np.mean(losses)) if losses else float("nan")})
+                        "encoder_loss": float(np.mean(losses)) if losses else float("nan"),
+                        "num_fresh_pairs": len(fresh)})
+        if evaluate is not None:
+            history[-1].update(evaluate(policy, encoder))
     return {"history": history, "warmup_accuracy": warmup, "encoder": encoder, "trainer": trainer}
