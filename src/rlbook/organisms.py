@@ -258,7 +258,10 @@ ORGANISMS: dict[str, Organism] = {
         task_kwargs={"length_bonus": 0.03},
         settings=dict(max_completion_length=40, learning_rate=3e-4, max_steps=100, per_device_train_batch_size=64),
         arms={"no_kl": Arm("grpo", beta=0.0),
-              "kl_penalty": Arm("grpo", beta=0.05, kl_placement="reward")},
+              "kl_penalty": Arm("grpo", beta=0.05, kl_placement="reward"),
+              # added 2026-12-03 for the frontier test: a smaller beta whose runs reach the distances (sqrt(KL) 2-3)
+              # at which the no-penalty runs were measured, not only interpolated
+              "kl_penalty_0.01": Arm("grpo", beta=0.01, kl_placement="reward")},
         metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=20,
     ),
     # The long horizon (PPO's GAE lambda, VAPO): continue a chain of 12-24 dependent digits (71-143 tokens), each the
