@@ -180,3 +180,27 @@ def test_plot_organism_panels_draws_one_panel_per_metric():
     assert axes.shape == (1, 2) and [ax.get_title() for ax in axes.flat] == ["(a) m", "(b) n"]
     assert list(axes[0, 1].lines[-1].get_ydata()) == [2.0, 4.0] and axes[0, 0].get_xlabel() == "step"
     plt.close(fig)
+
+
+def test_glue_helpers_round_and_name_what_they_store(monkeypatch):
+    import myst_nb
+
+    from rlbook.plotting import glue_figure, glue_interval, glue_num
+
+    stored = {}
+    def fake_glue(name, value, display):
+        stored[name] = (value, display)
+
+    monkeypatch.setattr(myst_nb, "glue", fake_glue)
+    glue_num("x", 0.123456789)
+    glue_num("y", 2 / 3, digits=2)
+    glue_interval("d", (0.0123456, -0.0456789, 0.0703456), digits=3)
+    glue_interval("e", (1.0, 0.5, 1.5), suffixes=("", "_lo", "_hi"))
+    assert stored["x"] == (0.1235, False) and stored["y"] == (0.67, False)
+    assert [stored[k][0] for k in ("d", "d_low", "d_high")] == [0.0123, -0.0457, 0.0703]
+    assert [stored[k][0] for k in ("e", "e_lo", "e_hi")] == [1.0, 0.5, 1.5]
+    fig, _ = plt.subplots()
+    glue_figure("fig-x", fig)
+    assert stored["fig-x"] == (fig, True) and not plt.fignum_exists(fig.number)  # shown once, then closed
+    with pytest.raises(ValueError, match="mean, low, high"):
+        glue_interval("bad", (0.1, 0.2))

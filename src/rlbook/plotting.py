@@ -1,6 +1,7 @@
 """Plots used across the book, in one style: the figure style (``use_book_style``), results over
-seeds (``plot_seeds``, ``label_lines``, ``plot_training_curves``), and grid worlds (value maps,
-greedy-policy arrows, paths).
+seeds (``plot_seeds``, ``label_lines``, ``plot_training_curves``), grid worlds (value maps,
+greedy-policy arrows, paths), and the glue that hands a chapter's figures and numbers to its text
+(``glue_figure``, ``glue_num``, ``glue_interval``).
 
 A figure is read at its display size. ``use_book_style`` makes every figure a PNG drawn at
 ``PNG_DPI`` and shown at its own width in inches (96 CSS pixels per inch), so a font of ``f`` points
@@ -132,6 +133,37 @@ def book_subplots(nrows: int = 1, ncols: int = 1, *, width: float = FULL_WIDTH,
     inches per row of panels, constrained layout; other keyword arguments go to ``plt.subplots``."""
     kwargs.setdefault("layout", "constrained")
     return plt.subplots(nrows, ncols, figsize=(width, panel_height * nrows), **kwargs)
+
+
+# ---- Glue: a chapter's figures and numbers for the book's text ---------------------------------
+
+def glue_figure(name: str, fig) -> None:
+    """Store ``fig`` for a numbered ``{glue:figure}`` and close it, so that it is shown once, with its
+    caption. The cell's own output (removed in the book by its tag) shows it in JupyterLab, which
+    cannot render ``{glue:figure}``."""
+    from myst_nb import glue  # the book's toolchain, needed only where a notebook glues
+
+    glue(name, fig, display=True)
+    plt.close(fig)
+
+
+def glue_num(name: str, value, digits: int = 4) -> None:
+    """Glue a number for ``{glue:text}``, rounded to ``digits`` significant digits so that no float
+    error (or a machine's last-bit difference) is stored; the text's format spec sets what is shown."""
+    from myst_nb import glue
+
+    glue(name, float(f"{float(value):.{digits}g}"), display=False)
+
+
+def glue_interval(name: str, interval, digits: int = 4, suffixes=("", "_low", "_high")) -> None:
+    """Glue an interval ``(mean, low, high)`` (as :func:`rlbook.experiment.mean_interval` returns) as
+    three numbers, ``name`` followed by each of ``suffixes``, with :func:`glue_num`."""
+    values = tuple(interval)
+    if len(values) != 3 or len(suffixes) != 3:
+        raise ValueError(f"glue_interval needs (mean, low, high) and three suffixes, got {values!r}, "
+                         f"{tuple(suffixes)!r}")
+    for suffix, value in zip(suffixes, values):
+        glue_num(f"{name}{suffix}", value, digits)
 
 
 # ---- Grid worlds -------------------------------------------------------------------------------
