@@ -138,6 +138,13 @@ def warmup_encoder(model, tokenizer, train_pairs, test_pairs, steps: int = 100, 
 NEGATIVES = ("non_reference", "rule")
 
 
+def check_negatives(negatives: str) -> str:
+    """``negatives`` if it names one of :data:`NEGATIVES`; otherwise a ValueError that lists them."""
+    if negatives not in NEGATIVES:
+        raise ValueError(f"negatives must be one of {NEGATIVES}, got {negatives!r}")
+    return negatives
+
+
 def fresh_pairs(task, seen, negatives: str = "non_reference") -> list[PreferencePair]:
     """Pairs from generator samples: the task's reference response (chosen, "real") against a sample
     (rejected).
@@ -145,8 +152,7 @@ def fresh_pairs(task, seen, negatives: str = "non_reference") -> list[Preference
     ``negatives="non_reference"`` (the GAN reading): every sample that differs from the reference is
     "fake", even a correct one. ``negatives="rule"``: only samples the task's rule marks wrong are
     rejected; a correct sample is never pushed down."""
-    if negatives not in NEGATIVES:
-        raise ValueError(f"negatives must be one of {NEGATIVES}, got {negatives!r}")
+    check_negatives(negatives)
     pairs = []
     for example, completion in seen:
         reference, sample = task.demonstration(example), completion.strip()
@@ -160,8 +166,8 @@ def fresh_pairs(task, seen, negatives: str = "non_reference") -> list[Preference
 @dataclass
 class GAPOConfig:
     """Knobs of :func:`train_gapo`. ``encoder_steps=0`` gives the baseline: PPO against the frozen warmed-up
-    encoder. ``negatives`` picks which samples the fresh pairs reject (:func:`fresh_pairs`). ``rl`` overrides the ``"ppo"`` preset (TRL names); ``beta`` is its KL coefficient (in the reward, as
-    PPO's)."""
+    encoder. ``negatives`` picks which samples the fresh pairs reject (:func:`fresh_pairs`). ``rl`` overrides
+    the ``"ppo"`` preset (TRL names); ``beta`` is its KL coefficient (in the reward, as PPO's)."""
 
     rounds: int = 4
     generator_steps: int = 5  # PPO steps per round
@@ -188,8 +194,7 @@ class GAPOConfig:
         for name in ("encoder_steps", "warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.negatives not in NEGATIVES:
-            raise ValueError(f"negatives must be one of {NEGATIVES}, got {self.negatives!r}")
+        check_negatives(self.negatives)
         if not 0.0 <= self.fresh_fraction <= 1.0:
             raise ValueError(f"fresh_fraction must lie in [0, 1], got {self.fresh_fraction}")
         if not self.encoder_lr > 0 or self.beta < 0:
