@@ -69,6 +69,7 @@ METRICS: dict[str, str] = {
     "time/generate": "seconds spent sampling completions this step (reward calls excluded)",
     "time/score": "seconds spent on rewards, old / reference log-probs, values and advantages",
     "time/update": "seconds spent on the optimizer updates",
+    "time/pretrain": "value pretraining only (Trainer.value_pretrain_history): seconds of one pretraining round",
     "eval_accuracy": "held-out sampled accuracy (one completion per test prompt at the training temperature), "
                      "every eval_every steps",
     # --- rlbook.callbacks.PostUpdateRatios: the rollout's log-ratios log(pi_new / pi_old) after the step's updates

@@ -369,20 +369,24 @@ def gate_holds(interval: tuple[float, float, float], failure: str, threshold: fl
     return bool(low > threshold) if failure == "up" else bool(high < threshold)
 
 
-def metric_at_completions(runs: list[dict], metric: str, num_completions) -> np.ndarray:
-    """One value per seed of ``metric`` after ``num_completions[i]`` completions sampled for training (seed ``i``),
-    read off each run's held-out evaluations by linear interpolation in the completions sampled (the evaluations'
-    ``num_completions``); raises ValueError where a run did not sample that many."""
+def metric_at_budget(runs: list[dict], metric: str, budget, axis: str = "num_completions") -> np.ndarray:
+    """One value per seed of ``metric`` once seed ``i`` had spent ``budget[i]`` (a number for every seed, or one per
+    seed), read off each run's held-out evaluations by linear interpolation along ``axis``, a cumulative cost each
+    evaluation records: ``"num_completions"``, the completions sampled for training, or another (the head-to-head's
+    ``"samples"`` and ``"seconds"``). Raises ValueError where a run did not spend that much, or an evaluation lacks
+    ``axis`` or ``metric``."""
     values = []
-    for run, budget in zip(runs, np.broadcast_to(num_completions, (len(runs),))):
-        sampled = np.array([e["num_completions"] for e in run["evals"]], dtype=float)
-        if budget > sampled[-1]:
-            raise ValueError(f"run of seed {run.get('seed')} sampled {sampled[-1]:.0f} completions, fewer than "
-                             f"the {budget:.0f} to compare at")
+    for run, spend in zip(runs, np.broadcast_to(budget, (len(runs),))):
+        spent = np.array([e.get(axis, np.nan) for e in run["evals"]], dtype=float)
+        if not np.isfinite(spent).all():
+            raise ValueError(f"run of seed {run.get('seed')}: {axis!r} is missing or NaN in an evaluation")
+        if spend > spent[-1]:
+            raise ValueError(f"run of seed {run.get('seed')} spent {spent[-1]:.6g} {axis}, less than the "
+                             f"{spend:.6g} to compare at")
         series = np.array([e.get(metric, np.nan) for e in run["evals"]], dtype=float)
         if not np.isfinite(series).all():
             raise ValueError(f"run of seed {run.get('seed')}: {metric!r} is missing or NaN in an evaluation")
-        values.append(float(np.interp(budget, sampled, series)))
+        values.append(float(np.interp(spend, spent, series)))
     return np.array(values)
 
 
@@ -427,7 +431,7 @@ def phenomenon(result: dict, *, chapter: str, phenomenon: str, fix: str, metric:
     if compared_at == "step":
         fix_values = metric_at(fix_runs, fix_metric, -1)
     else:
-        fix_values = metric_at_completions(fix_runs, fix_metric, metric_at(base_runs, "num_completions", -1))
+        fix_values = metric_at_budget(fix_runs, fix_metric, metric_at(base_runs, "num_completions", -1))
     difference = paired_difference(metric_at(base_runs, fix_metric, -1), fix_values)
     return {"chapter": chapter, "phenomenon": phenomenon, "organism": organism["name"], "baseline": baseline,
             "fix": fix, "metric": metric, "direction": direction, "seeds": len(base_runs),

@@ -432,15 +432,16 @@ class Trainer:
     def pretrain_value(self, steps: int) -> list[dict]:
         """VAPO's value pretraining: ``steps`` rounds of sampling from the (frozen) current policy
         and fitting only the value model, so that the first advantages do not come from an untrained
-        critic."""
+        critic. Each round's entry also holds ``time/pretrain``, its seconds."""
         if self.value_model is None:
             raise ValueError("pretrain_value needs a value model (an advantage estimator that "
                              "reads one: gae, vapo)")
         for k in range(steps):
+            timer = time.perf_counter()
             # its own seed stream, apart from training steps'
             scored = self.score(self.sample_rollout(10**6 + k))
-            self.value_pretrain_history.append({"step": k + 1, **scored.metrics,
-                                                **self.update(scored, True)})
+            metrics = {"step": k + 1, **scored.metrics, **self.update(scored, True)}
+            self.value_pretrain_history.append({**metrics, "time/pretrain": time.perf_counter() - timer})
         return self.value_pretrain_history
 
     # --- saving and resuming --------------------------------------------------------------------------------
