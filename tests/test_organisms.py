@@ -10,7 +10,8 @@ from experiment_scripts import EXPERIMENTS, load_script, load_stored
 from scipy import stats
 
 from rlbook.experiment import Arm
-from rlbook.organisms import ORGANISMS, Organism, baseline_change, gate_holds, get_organism, phenomenon
+from rlbook.organisms import (ORGANISMS, Organism, baseline_change, gate_holds, get_organism, metric_at_budget,
+                              phenomenon)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -79,10 +80,23 @@ def test_a_level_gate_and_a_comparison_at_equal_completions():
     result["organism"]["failure_threshold"] = 0.9  # the level does not reach the threshold: the gate fails
     assert phenomenon(result, chapter="dapo", phenomenon="p", fix="fix", script="x.py")["gate_holds"] is False
     base[0]["evals"][-1]["num_completions"] = 10**6  # the fix never sampled that many
-    with pytest.raises(ValueError, match="fewer than"):
+    with pytest.raises(ValueError, match="less than"):
         phenomenon(result, chapter="dapo", phenomenon="p", fix="fix", compared_at="num_completions", script="x.py")
     with pytest.raises(ValueError, match="compared_at must be one of"):
         phenomenon(result, chapter="dapo", phenomenon="p", fix="fix", compared_at="wall_time", script="x.py")
+
+
+def test_metric_at_budget_reads_any_recorded_cost():
+    """The head-to-head's reading: a metric at equal seconds (or samples), interpolated per seed along that axis."""
+    runs = [{"seed": s, "evals": [{"seconds": t, "samples": 64 * k, "expected_accuracy": a}
+                                  for k, (t, a) in enumerate(zip(times, accs))]}
+            for s, (times, accs) in enumerate([((0.0, 2.0, 4.0), (0.5, 0.6, 0.8)), ((0.0, 1.0, 3.0), (0.5, 0.7, 0.9))])]
+    np.testing.assert_allclose(metric_at_budget(runs, "expected_accuracy", 2.0, axis="seconds"), [0.6, 0.8])
+    np.testing.assert_allclose(metric_at_budget(runs, "expected_accuracy", [96, 32], axis="samples"), [0.7, 0.6])
+    with pytest.raises(ValueError, match="less than the 3.5"):
+        metric_at_budget(runs, "expected_accuracy", 3.5, axis="seconds")
+    with pytest.raises(ValueError, match="'cpu_seconds' is missing"):
+        metric_at_budget(runs, "expected_accuracy", 1.0, axis="cpu_seconds")
 
 
 def test_bad_input_is_named():

@@ -204,3 +204,36 @@ def test_glue_helpers_round_and_name_what_they_store(monkeypatch):
     assert stored["fig-x"] == (fig, True) and not plt.fignum_exists(fig.number)  # shown once, then closed
     with pytest.raises(ValueError, match="mean, low, high"):
         glue_interval("bad", (0.1, 0.2))
+
+
+def test_plot_lineage_draws_a_box_per_node_and_an_arrow_per_edge():
+    from rlbook.plotting import plot_lineage
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.set(xlim=(0, 4), ylim=(0, 3))
+    nodes = {"PPO": (1, 2, "clipped ratio"), "GRPO": (3, 2, "group baseline"), "DPO": (1, 0.5, "")}
+    boxes = plot_lineage(ax, nodes, [("PPO", "GRPO"), ("PPO", "DPO", "--")])
+    assert set(boxes) == set(nodes) and "group baseline" in boxes["GRPO"].get_text()
+    names = {t.get_text() for t in ax.texts if t.get_text() in nodes}  # the names, in bold over each box
+    assert names == set(nodes)
+    arrows = [t for t in ax.texts if t.get_text() == "" and t.arrow_patch is not None]
+    assert len(arrows) == 2 and arrows[1].arrow_patch.get_linestyle() == "--"
+    with pytest.raises(ValueError, match="no node 'VAPO'"):
+        plot_lineage(ax, nodes, [("PPO", "VAPO")])
+    plt.close(fig)
+
+
+def test_label_points_keeps_labels_apart():
+    from rlbook.plotting import label_points
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    xs, ys = [1.0, 1.02, 1.04, 3.0], [1.0, 1.01, 0.99, 2.0]  # three points in a clump
+    ax.plot(xs, ys, "o")
+    ax.set(xlim=(0, 4), ylim=(0, 3))
+    labels = label_points(ax, xs, ys, ["alpha", "beta", "gamma", "delta"])
+    renderer = fig.canvas.get_renderer()
+    boxes = [label.get_window_extent(renderer) for label in labels]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    with pytest.raises(ValueError, match="one entry per point"):
+        label_points(ax, xs, ys, ["alpha"])
+    plt.close(fig)

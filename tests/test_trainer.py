@@ -324,6 +324,7 @@ def test_value_pretraining_fits_the_critic_and_leaves_the_policy_alone():
     policy_before, value_before = weights(trainer.policy), weights(trainer.value_model)
     history = trainer.pretrain_value(3)
     assert len(history) == 3 and all("loss/value" in m and "loss/policy" not in m for m in history)
+    assert all(m["time/pretrain"] > 0 for m in history)  # each round's seconds (what a head-to-head charges)
     assert all(torch.allclose(policy_before[k], v) for k, v in trainer.policy.state_dict().items())
     assert any(not torch.allclose(value_before[k], v) for k, v in trainer.value_model.state_dict().items())
     assert trainer.step == 0

@@ -510,3 +510,90 @@ def plot_organism_panels(result: dict, panels, arms=None, *, names: dict | None 
     for ax in axes[:-1].flat:
         ax.set_xlabel("")
     return fig, axes
+
+
+# ---- A lineage of algorithms -------------------------------------------------------------------
+
+def plot_lineage(ax, nodes: dict, edges, *, box_width: float = 1.5, fontsize: float = 10):
+    """A family tree drawn with matplotlib alone (nothing loaded from outside the page): one box per node, an
+    arrow per edge, and under each node's name what changed along the edge into it.
+
+    Args:
+        ax: matplotlib axes whose data units are inches (``ax.set(xlim=(0, width), ylim=(0, height))`` on a
+            figure of that size); the axes are hidden.
+        nodes: ``{name: (x, y, what_changed)}``, the box's centre and the text under the name (wrapped to the
+            box; "" for none).
+        edges: ``(parent, child)`` or ``(parent, child, linestyle)``; ``"--"`` marks a separate branch (an idea
+            borrowed, not an algorithm modified).
+        box_width: the width of a box's text in inches (about 7 characters per inch at 10 pt).
+    Returns ``{name: Text}``, the boxes.
+    """
+    import textwrap
+
+    width = max(8, int(box_width * 72 / (0.55 * fontsize)))  # characters per line at about 0.55 em each
+    boxes = {}
+    for name, (x, y, changed) in nodes.items():
+        body = "\n".join(textwrap.wrap(changed, width)) if changed else ""
+        # the box holds an empty first line, where the name is written in bold over it
+        boxes[name] = ax.text(x, y, " \n" + body if body else " ", ha="center", va="center", fontsize=fontsize,
+                              linespacing=1.15, zorder=3,
+                              bbox=dict(boxstyle="round,pad=0.35", fc="white", ec="0.35", lw=0.9))
+        ax.annotate(name, xy=(0.5, 1.0), xycoords=boxes[name], ha="center", va="top", fontsize=fontsize,
+                    fontweight="bold", zorder=4)
+    for edge in edges:
+        parent, child, style = (*edge, "-")[:3]
+        for end in (parent, child):
+            if end not in boxes:
+                raise ValueError(f"edge {parent!r} -> {child!r}: no node {end!r}")
+        ax.annotate("", xy=boxes[child].get_position(), xytext=boxes[parent].get_position(),
+                    arrowprops=dict(arrowstyle="-|>", color="0.3", lw=1.1, ls=style, shrinkA=2, shrinkB=2,
+                                    patchA=boxes[parent].get_bbox_patch(), patchB=boxes[child].get_bbox_patch(),
+                                    mutation_scale=12), zorder=2)
+    ax.set_axis_off()
+    return boxes
+
+
+
+def label_points(ax, xs, ys, names, *, colors=None, fontsize: float = 10, gap: float = 4.0):
+    """Name each point of a scatter plot next to it, choosing for each label the first of eight places around
+    its point (right, left, above, below, ...) where it overlaps no other label, no other point and stays
+    inside the axes (a greedy placement, points taken from the top). Returns the labels (``Annotation``)."""
+    from matplotlib.transforms import Bbox
+
+    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    names = list(names)
+    if not (len(xs) == len(ys) == len(names)):
+        raise ValueError(f"xs, ys and names must have one entry per point, got {len(xs)}, {len(ys)}, {len(names)}")
+    colors = list(colors) if colors is not None else ["0.2"] * len(names)
+    fig = ax.figure
+    fig.canvas.draw()  # the axes' final size, so that data and display coordinates agree
+    renderer = fig.canvas.get_renderer()
+    scale = fig.dpi / 72  # points to display pixels
+    pixels = ax.transData.transform(np.column_stack([xs, ys]))
+    taken = [Bbox.from_extents(px - gap * scale, py - gap * scale, px + gap * scale, py + gap * scale)
+             for px, py in pixels]
+    frame = ax.get_window_extent(renderer)
+    places = [(gap, 0, "left", "center"), (-gap, 0, "right", "center"), (0, gap, "center", "bottom"),
+              (0, -gap, "center", "top"), (gap, gap, "left", "bottom"), (-gap, gap, "right", "bottom"),
+              (gap, -gap, "left", "top"), (-gap, -gap, "right", "top")]
+    labels = []
+    for i in sorted(range(len(names)), key=lambda k: -ys[k]):
+        others = [box for k, box in enumerate(taken) if k != i]
+        for n, (dx, dy, ha, va) in enumerate(places):
+            label = ax.annotate(names[i], (xs[i], ys[i]), xytext=(dx * 1.5, dy * 1.5), textcoords="offset points",
+                                ha=ha, va=va, fontsize=fontsize, color=colors[i])
+            box = label.get_window_extent(renderer)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(other) for other in others):
+                break
+            if n < len(places) - 1:
+                label.remove()
+            else:  # nowhere free: the first place
+                label.remove()
+                dx, dy, ha, va = places[0]
+                label = ax.annotate(names[i], (xs[i], ys[i]), xytext=(dx * 1.5, dy * 1.5),
+                                    textcoords="offset points", ha=ha, va=va, fontsize=fontsize, color=colors[i])
+                box = label.get_window_extent(renderer)
+        taken.append(box)
+        labels.append(label)
+    return labels
