@@ -441,7 +441,8 @@ class Trainer:
             # its own seed stream, apart from training steps'
             scored = self.score(self.sample_rollout(10**6 + k))
             metrics = {"step": k + 1, **scored.metrics, **self.update(scored, True)}
-            self.value_pretrain_history.append({**metrics, "time/pretrain": time.perf_counter() - timer})
+            metrics["time/pretrain"] = time.perf_counter() - timer
+            self.value_pretrain_history.append(metrics)
         return self.value_pretrain_history
 
     # --- saving and resuming --------------------------------------------------------------------------------
