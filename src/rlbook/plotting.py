@@ -577,7 +577,8 @@ def label_points(ax, xs, ys, names, *, colors=None, fontsize: float = 10, gap: f
     directions = [(1, 0, "left", "center"), (-1, 0, "right", "center"), (0, 1, "center", "bottom"),
                   (0, -1, "center", "top"), (1, 1, "left", "bottom"), (-1, 1, "right", "bottom"),
                   (1, -1, "left", "top"), (-1, -1, "right", "top")]
-    places = [(dx * gap * r, dy * gap * r, ha, va) for r in (1.5, 4, 7, 11, 16, 22, 30) for dx, dy, ha, va in directions]
+    places = [(dx * gap * r, dy * gap * r, ha, va) for r in (1.5, 4, 7, 11, 16, 22, 30)
+              for dx, dy, ha, va in directions]
 
     def text_box(label):  # the text's own extent (an Annotation's includes its leader line)
         label.update_positions(renderer)
