@@ -164,20 +164,19 @@ class PretrainingCost(TrainerCallback):
 
 
 def run_dpo(seed: int, *, organism: str, rpo_alpha: float | None = None, evaluation: dict | None = None,
-            max_steps: int | None = None, **settings) -> dict:
+            **settings) -> dict:
     """Iterated DPO on the policy's own samples: rounds of :data:`DPO_ROUND` (the reference is the policy at the
     round's start) until the RL arms' sample budget is spent; held-out evaluations as the RL arms'."""
     import torch
 
     from rlbook.checkpoints import RECIPES, load_base_policy
     from rlbook.dpo import DPOConfig, on_policy_pairs, train_dpo
-    from rlbook.tasks import get_task
 
     torch.set_num_threads(1)
     spec = SETTINGS[organism]
-    common = {**spec["settings"], **settings, **({"max_steps": max_steps} if max_steps else {})}
+    common = {**spec["settings"], **settings}
     recipe = RECIPES[spec["policy"]]
-    task = get_task(recipe.task, **{**recipe.task_kwargs, **spec["task_kwargs"]})
+    task = recipe.make_task(**spec["task_kwargs"])
     held_out = _evaluation(organism, evaluation)  # its CPU clock starts before the policy is loaded, as train_run's
     policy, tokenizer = load_base_policy(spec["policy"])
     budget_tokens = common.get("max_completion_length", recipe.sft.max_new_tokens)
@@ -234,7 +233,6 @@ def memory_one(job: tuple[str, str], steps: int = 3) -> dict:
 
     from rlbook.checkpoints import RECIPES, load_base_policy
     from rlbook.presets import preset
-    from rlbook.tasks import get_task
     from rlbook.trainer import Trainer
 
     algorithm, organism = job
@@ -248,7 +246,7 @@ def memory_one(job: tuple[str, str], steps: int = 3) -> dict:
     if isinstance(ALGORITHMS[algorithm], dict):
         from rlbook.dpo import DPOConfig, on_policy_pairs, train_dpo
 
-        task = get_task(recipe.task, **{**recipe.task_kwargs, **spec["task_kwargs"]})
+        task = recipe.make_task(**spec["task_kwargs"])
         budget = spec["settings"].get("max_completion_length", recipe.sft.max_new_tokens)
         examples = task.sample(DPO_ROUND["prompts"], seed=np.random.default_rng(0), split="train")
         pairs = on_policy_pairs(policy, tokenizer, task, examples, num_generations=DPO_ROUND["num_generations"],
@@ -261,7 +259,7 @@ def memory_one(job: tuple[str, str], steps: int = 3) -> dict:
         arm = arm_for(algorithm, organism)
         config = preset(arm.preset, **{"max_completion_length": recipe.sft.max_new_tokens, **spec["settings"],
                                        **arm.overrides, "max_steps": steps, "value_pretrain_steps": 0})
-        task = get_task(recipe.task, **{**recipe.task_kwargs, **arm.task_kwargs})
+        task = recipe.make_task(**arm.task_kwargs)
         trainer = Trainer(policy, tokenizer, task, config)
         trainer.train(progress=False)
         models = {"policy": count(policy)}
@@ -293,7 +291,7 @@ def run(organisms=tuple(SETTINGS), algorithms=tuple(ALGORITHMS), seeds=range(5),
         spec = SETTINGS[organism]
         common = {**spec["settings"], **settings}
         arms = {a: arm_for(a, organism) for a in algorithms}
-        steps = functools.partial(lambda a, arm, n: 0 if isinstance(arm, dict) else n, n=common["max_steps"])
+        steps = lambda name, arm, n=common["max_steps"]: 0 if isinstance(arm, dict) else n  # noqa: E731
         results[organism] = run_experiment(
             f"head_to_head_{organism}", functools.partial(run_one, organism=organism, evaluation=evaluation,
                                                           **settings),

@@ -34,7 +34,6 @@ from rlbook.checkpoints import RECIPES, load_base_policy
 from rlbook.experiment import run_experiment
 from rlbook.objectives import group_advantages, leave_one_out_advantages, policy_loss
 from rlbook.rollout import generate_rollouts, sequence_logprobs
-from rlbook.tasks import get_task
 
 ESTIMATORS = ("reinforce", "group_mean", "rloo")
 GROUP_SIZES = (2, 4, 8, 16)
@@ -94,7 +93,7 @@ def run_one(name: str, arm: dict, seed: int, *, policy: str, batch_size: int, nu
     torch.set_num_threads(1)
     model, tokenizer = load_base_policy(policy)
     recipe, G = RECIPES[policy], arm["num_generations"]
-    task = get_task(recipe.task, **{**recipe.task_kwargs, **(task_kwargs or {})})
+    task = recipe.make_task(**(task_kwargs or {}))
     per_batch = [batch_gradients(model, tokenizer, task, G=G, batch_size=batch_size,
                                  max_completion_length=recipe.sft.max_new_tokens, seed=[seed, G, k])
                  for k in range(num_batches)]

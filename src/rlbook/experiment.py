@@ -99,7 +99,6 @@ def train_run(task: str, arm: Arm, seed: int, *, callbacks: Iterable[TrainerCall
 
     from rlbook.checkpoints import RECIPES, load_base_policy
     from rlbook.presets import preset
-    from rlbook.tasks import get_task
     from rlbook.trainer import Trainer
 
     torch.set_num_threads(1)
@@ -108,7 +107,7 @@ def train_run(task: str, arm: Arm, seed: int, *, callbacks: Iterable[TrainerCall
     model, tokenizer = load_base_policy(task) if policy is None else (copy.deepcopy(policy[0]), policy[1])
     config = preset(arm.preset, **{"max_completion_length": recipe.sft.max_new_tokens, **settings, **arm.overrides},
                     seed=seed)
-    task_object = get_task(recipe.task, **{**recipe.task_kwargs, **arm.task_kwargs})
+    task_object = recipe.make_task(**arm.task_kwargs)
     trainer = Trainer(model, tokenizer, task_object, config, callbacks=[*callbacks, StepReporter()],
                       reward_fn=reward_fn, value_model=value_model)
     start = time.perf_counter()

@@ -553,7 +553,6 @@ def plot_lineage(ax, nodes: dict, edges, *, box_width: float = 1.5, fontsize: fl
     return boxes
 
 
-
 def label_points(ax, xs, ys, names, *, colors=None, fontsize: float = 10, gap: float = 4.0):
     """Name each point of a scatter plot next to it: for each label (points taken from the top), the first place
     around its point, nearest first, where it overlaps no other label, no other point and stays inside the axes.

@@ -56,9 +56,10 @@ class Recipe:
     final_eval_size: int = 512  # "test" prompts for the accuracy recorded in the manifest (one sample each, T = 1)
     accuracy_band: tuple[float, float] = (0.3, 0.7)  # where that accuracy must lie: headroom for RL, above zero
 
-    def make_task(self):
-        """The :class:`rlbook.tasks.Task` this policy was trained on."""
-        return get_task(self.task, **self.task_kwargs)
+    def make_task(self, **task_kwargs):
+        """The :class:`rlbook.tasks.Task` this policy was trained on, with ``task_kwargs`` overriding its settings
+        (e.g. ``incorrect_reward=-1.0`` for an organism's ±1 rewards)."""
+        return get_task(self.task, **{**self.task_kwargs, **task_kwargs})
 
 
 def final_sampled_accuracy(recipe: Recipe, model, tokenizer) -> float:
