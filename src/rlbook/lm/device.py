@@ -8,6 +8,7 @@ memory and time.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -27,16 +28,24 @@ def resolve_device(device: str | torch.device | None, model: torch.nn.Module | N
 
 
 def autocast(device: str | torch.device | None = None):
-    """A context manager for the forward passes: bf16 autocast on CUDA, a no-op elsewhere.
+    """A context manager for the forward passes: bf16 autocast on a CUDA GPU with native bf16, a no-op elsewhere.
 
     On CPU we stay in float32 on purpose: bf16 matmuls are slow on most CPUs, and the tests compare log-probs
     to 1e-5, which bf16 (8 bits of mantissa) cannot meet. Log-softmax is always taken in float32 anyway
-    (see :func:`rlbook.rollout.sequence_logprobs`).
+    (see :func:`rlbook.rollout.sequence_logprobs`). GPUs older than compute capability 8.0 (T4, V100, P100) have
+    no bf16 arithmetic: torch emulates it slowly, or refuses bf16 autocast with an error, so they stay in
+    float32 too.
 
         with autocast(device):
             batch = generate_rollouts(model, tokenizer, prompts, device=device)
     """
     device = resolve_device(device)
-    if device.type == "cuda":
+    if device.type == "cuda" and _native_bf16(device.index):
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+@functools.cache
+def _native_bf16(index: int | None) -> bool:
+    """Does CUDA GPU ``index`` (None: the current one) compute in bf16 natively (compute capability >= 8.0)?"""
+    return torch.cuda.get_device_capability(index)[0] >= 8
