@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 export PYTHONHASHSEED = 0
 
-.PHONY: install book test test-browser test-portability test-planted-bugs notebooks reader lab student checkpoints bench clean
+.PHONY: install book test test-browser test-portability test-planted-bugs notebooks reader lab student checkpoints bench gpu-check clean
 
 install: $(STAMP)
 
@@ -77,6 +77,10 @@ checkpoints: install  ## retrain the shipped base policies (SFT until the held-o
 
 bench: install  ## rollout and log-prob throughput, ours vs model.generate (prints a table; not a test)
 	$(BIN)/python bench/rollout_bench.py
+
+# Needs a CUDA build of torch (requirements.txt pins the CPU wheel; the script prints the pip command for a CUDA one).
+gpu-check: install  ## on a machine with a CUDA GPU: the CUDA tests, then 20 GRPO steps (tokens/s, s/step, peak memory) into _build/gpu_check.json
+	$(BIN)/python scripts/gpu_check.py
 
 clean:
 	rm -rf _build
