@@ -1,0 +1,199 @@
+"""The TRL bridge (rlbook.integrations.trl) and the engine table (rlbook.integrations.engines).
+
+Skipped when TRL is not installed (requirements.txt installs it). Every preset either maps to a TRL config that
+carries its loss settings, or is refused with the reasons; two real GRPOTrainer steps run on the arithmetic base
+policy with the bridge's reward functions and prompts; the reward functions give the task's rewards.
+"""
+
+import math
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+trl = pytest.importorskip("trl")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import torch  # noqa: E402
+
+from rlbook.checkpoints import RECIPES, load_base_policy  # noqa: E402
+from rlbook.integrations.engines import ENGINE_VERSIONS, ENGINES, engine_options, engine_table  # noqa: E402
+from rlbook.integrations.trl import (  # noqa: E402
+    BOOK_EOS_TOKEN_ID,
+    grpo_config,
+    prompt_dataset,
+    reward_funcs,
+    rloo_kwargs,
+    trainer_class,
+    truncated_flags,
+    unsupported,
+)
+from rlbook.presets import PRESETS, preset  # noqa: E402
+from rlbook.tasks import soft_overlong_penalty  # noqa: E402
+
+EXPRESSIBLE = {"reinforce_baseline", "grpo", "trl_grpo", "dr_grpo", "gspo", "gmpo"}
+TRL_OFFLINE = dict(report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_every_preset_maps_or_is_refused_with_reasons(name, num_processes, tmp_path):
+    c = preset(name)
+    reasons = unsupported(c)
+    assert (not reasons) == (name in EXPRESSIBLE), reasons
+    if reasons:
+        with pytest.raises(ValueError) as error:
+            grpo_config(c, num_processes=num_processes, output_dir=str(tmp_path), **TRL_OFFLINE)
+        assert all(reason in str(error.value) for reason in reasons)
+        return
+    args = grpo_config(name, num_processes=num_processes, output_dir=str(tmp_path), **TRL_OFFLINE)
+    assert isinstance(args, trl.GRPOConfig)
+    if c.loss_type == "gmpo":
+        assert type(args).__name__ == "GMPOConfig" and trainer_class(c).__name__ == "GMPOTrainer"
+    else:
+        assert args.loss_type == c.loss_type and trainer_class(c) is trl.GRPOTrainer
+    assert args.epsilon == c.epsilon
+    assert args.epsilon_high == (c.epsilon if c.epsilon_high is None else c.epsilon_high)
+    assert args.beta == c.beta
+    assert args.importance_sampling_level == c.importance_sampling_level
+    assert args.scale_rewards == ("none" if c.advantage_estimator == "group_mean" else c.scale_rewards)
+    assert args.num_generations == c.num_generations
+    assert args.num_iterations == c.num_iterations
+    assert args.max_completion_length == c.max_completion_length
+    assert args.mask_truncated_completions == c.mask_truncated_completions
+    # the book's batch is global, TRL's per process
+    assert args.per_device_train_batch_size * num_processes == c.per_device_train_batch_size
+    assert args.steps_per_generation == c.steps_per_generation
+    assert args.gradient_accumulation_steps == c.gradient_accumulation_steps
+    # TRL counts optimizer steps, the book rollouts
+    assert args.max_steps == c.max_steps * c.num_iterations * c.steps_per_generation // c.gradient_accumulation_steps
+    assert args.lr_scheduler_type == "constant" and args.learning_rate == c.learning_rate
+
+
+def test_strict_false_maps_what_it_can_and_warns(tmp_path):
+    with pytest.warns(UserWarning, match="dynamic_sampling"):
+        args = grpo_config("dapo", strict=False, output_dir=str(tmp_path), **TRL_OFFLINE)
+    assert (args.loss_type, args.epsilon_high, args.mask_truncated_completions) == ("dapo", 0.28, True)
+    assert not unsupported(preset("dapo", dynamic_sampling=False))
+
+
+def test_a_global_batch_that_does_not_split_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="num_processes=3"):
+        grpo_config("grpo", num_processes=3, output_dir=str(tmp_path), **TRL_OFFLINE)
+
+
+def test_settings_trl_lacks_are_named():
+    assert any("kl_placement" in r for r in unsupported(preset("grpo", kl_placement="reward")))
+    assert not unsupported(preset("grpo", kl_placement="reward", beta=0.0))  # no KL: the placement is moot
+    assert any("sequence_token" in r for r in unsupported(preset("gspo", importance_sampling_level="sequence_token")))
+    assert any("early_stop_kl" in r for r in unsupported(preset("grpo", early_stop_kl=0.01)))
+
+
+def test_rloo_maps_to_trls_rloo_config(tmp_path):
+    args = trl.RLOOConfig(output_dir=str(tmp_path), **TRL_OFFLINE, **rloo_kwargs("rloo", num_processes=2))
+    c = preset("rloo")
+    assert (args.num_generations, args.beta, args.epsilon, args.normalize_advantages) == (
+        c.num_generations, c.beta, c.epsilon, False)
+    assert args.per_device_train_batch_size * 2 == c.per_device_train_batch_size
+
+
+def _examples_and_completions(task):
+    examples = task.sample(3, seed=np.random.default_rng(5), split="train")
+    right, other = examples[0].answer, examples[1].answer
+    prompts = [examples[0].prompt, examples[0].prompt, examples[1].prompt, examples[2].prompt]
+    answers = [right, right, other, examples[2].answer]
+    # right and ended; right but cut at the budget (no EOS); wrong; a stray special id inside, then EOS
+    completions = [right, right, other + "1", examples[2].answer]
+    ids = [[4] * len(right) + [BOOK_EOS_TOKEN_ID], [4] * len(right), [4] * (len(other) + 1) + [BOOK_EOS_TOKEN_ID],
+           [4, 0, BOOK_EOS_TOKEN_ID]]
+    truncated = [False, True, False, False]
+    rebuilt = [examples[0], examples[0], examples[1], examples[2]]
+    return prompts, answers, completions, ids, truncated, rebuilt
+
+
+def test_reward_funcs_give_the_tasks_rewards():
+    task = RECIPES["arithmetic"].make_task()
+    prompts, answers, completions, ids, truncated, examples = _examples_and_completions(task)
+    assert truncated_flags(ids, BOOK_EOS_TOKEN_ID) == truncated
+    (reward,) = reward_funcs(task)
+    got = reward(prompts=prompts, completions=completions, completion_ids=ids, answer=answers, trainer_state=None)
+    expected = task.rewards(examples, completions, truncated)
+    assert got == expected.tolist() and got[:3] == [1.0, 0.0, 0.0]  # the truncated right answer earns nothing
+
+
+def test_overlong_penalty_is_the_books_and_trls():
+    task = RECIPES["arithmetic"].make_task()
+    config = preset("dapo", max_completion_length=8)  # overlong buffer: a quarter of the budget, 2 tokens
+    funcs = reward_funcs(task, config)
+    assert len(funcs) == 2
+    ids = [[4] * n for n in range(1, 10)]
+    ours = funcs[1](completion_ids=ids)
+    assert ours == soft_overlong_penalty(range(1, 10), 8, config.overlong_buffer_length).tolist()
+    from trl.rewards import get_soft_overlong_punishment
+
+    assert ours == pytest.approx(get_soft_overlong_punishment(8, config.overlong_buffer_length)(ids))
+
+
+def test_prompt_dataset_carries_prompt_and_answer():
+    task = RECIPES["arithmetic"].make_task()
+    data = prompt_dataset(task, 5, seed=3)
+    examples = task.sample(5, seed=np.random.default_rng(3), split="train")
+    assert data.column_names == ["prompt", "answer"]
+    assert data["prompt"] == [e.prompt for e in examples] and data["answer"] == [e.answer for e in examples]
+
+
+def test_two_real_grpo_trainer_steps(tmp_path):
+    """grpo_config("grpo") with small sizes drives TRL's own GRPOTrainer on the arithmetic base policy: plain
+    string prompts (the character tokenizer has a pad token and no chat template), the bridge's rewards."""
+    torch.set_num_threads(1)
+    config = preset("grpo", per_device_train_batch_size=16, num_generations=4, max_completion_length=8,
+                    max_steps=2)
+    task = RECIPES["arithmetic"].make_task()
+    model, tokenizer = load_base_policy("arithmetic")
+    assert tokenizer.pad_token_id is not None and tokenizer.chat_template is None
+    args = grpo_config(config, output_dir=str(tmp_path), logging_steps=1, save_strategy="no", **TRL_OFFLINE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = trainer_class(config)(model=model, processing_class=tokenizer, args=args,
+                                        reward_funcs=reward_funcs(task, config),
+                                        train_dataset=prompt_dataset(task, 16, seed=0))
+        trainer.train()
+    assert trainer.state.global_step == 2
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logs) == 2 and all(math.isfinite(entry["loss"]) for entry in logs)
+    assert all(0.0 <= entry["rewards/arithmetic_reward/mean"] <= 1.0 for entry in logs)
+    assert (trainer.args.loss_type, trainer.args.beta, trainer.args.epsilon, trainer.args.num_generations) == (
+        "grpo", 0.04, 0.2, 4)
+    assert trainer.args.per_device_train_batch_size == 16 and trainer.args.generation_batch_size == 16
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_engine_options_cover_every_preset_and_engine(name):
+    options = engine_options(name)
+    assert tuple(options) == ENGINES and set(ENGINE_VERSIONS) == set(ENGINES)
+    for engine, settings in options.items():
+        assert settings, engine
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in settings.items())
+        missing = [v for v in settings.values() if v.startswith("not available")]
+        assert all(len(v) > len("not available: ") + 5 for v in missing)  # each with its reason
+    # TRL's column is the bridge's: an expressible preset has no "not available"
+    trl_missing = [v for v in options["TRL"].values() if v.startswith("not available")]
+    assert bool(trl_missing) == (name not in EXPRESSIBLE | {"rloo"})
+
+
+def test_engine_options_spot_checks():
+    grpo, dr_grpo, dapo, gspo = (engine_options(n) for n in ("grpo", "dr_grpo", "dapo", "gspo"))
+    assert grpo["verl"]["actor_rollout_ref.actor.loss_agg_mode"] == "seq-mean-token-mean"
+    assert grpo["verl"]["actor_rollout_ref.actor.kl_loss_type"] == "low_var_kl"
+    assert grpo["OpenRLHF"]["--algo.kl.estimator"] == "k3"
+    assert dr_grpo["verl"]["algorithm.norm_adv_by_std_in_grpo"] == "false"
+    assert dr_grpo["OpenRLHF"]["--algo.advantage.estimator"] == "dr_grpo"
+    assert dapo["verl"]["algorithm.filter_groups.enable"] == "true"
+    assert dapo["OpenRLHF"]["--actor.eps_clip_low_high"] == "0.2 0.28"
+    assert gspo["verl"]["actor_rollout_ref.actor.policy_loss.loss_mode"] == "gspo"
+    assert gspo["TRL"]["importance_sampling_level"] == "sequence"
+    rows = engine_table()
+    assert [row["preset"] for row in rows] == list(PRESETS)
+    assert all(set(row) == {"preset", *ENGINES} for row in rows)
