@@ -3,11 +3,15 @@
     rlbook train --algo grpo --task arithmetic --max-steps 100 --seed 0 --output-dir runs/grpo
     rlbook train --algo dapo --task sort_scratchpad --max-steps 200 --output-dir runs/dapo --set learning_rate=3e-4
     rlbook train ... --output-dir runs/dapo --resume          # continue from the last checkpoint in runs/dapo
+    torchrun --nproc_per_node 2 -m rlbook train --algo grpo --task arithmetic --max-steps 100 --output-dir runs/g
 
 It starts from the task's shipped base policy (``--model-size`` builds a fresh, untrained model of that size
 instead), shows a progress bar, appends one JSON object per step (``step`` and the metrics of
 :data:`rlbook.metrics.METRICS`) to ``DIR/metrics.jsonl``, and saves a checkpoint ``DIR/checkpoint-<step>`` every
 ``--save-steps`` steps and at the end. Bad input gets one line on stderr and exit status 2, never a traceback.
+
+Under ``torchrun`` every process runs this command: they join a process group (gloo on CPU, NCCL with
+``--device cuda``), share each step's groups (:mod:`rlbook.distributed`), and rank 0 alone writes ``DIR``.
 """
 
 from __future__ import annotations
@@ -108,6 +112,7 @@ def _convert(key: str, text: str, annotation: str):
 def train(args) -> int:
     from rlbook.callbacks import CheckpointSaver, MetricsLogger
     from rlbook.checkpoints import RECIPES, load_base_policy
+    from rlbook.distributed import World, barrier, init_from_env, launched_by_torchrun
     from rlbook.lm import MODEL_SIZES, build_model
     from rlbook.presets import PRESETS, preset
     from rlbook.trainer import Trainer
@@ -145,38 +150,57 @@ def train(args) -> int:
             raise UsageError(f"--resume: the run in {out} was made with other settings (differs in {mismatch})")
     elif out.exists() and any(out.iterdir()):
         raise UsageError(f"{out} already holds a run; pass --resume to continue it or choose another --output-dir")
-    out.mkdir(parents=True, exist_ok=True)
 
     import torch
 
+    try:
+        kind = torch.device(args.device).type
+    except RuntimeError:
+        raise UsageError(f"--device {args.device!r}: expected cpu or cuda") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA GPU is visible (torch.cuda.is_available() is False"
+                         + ("; this torch is a CPU-only build" if torch.version.cuda is None else "") + ")")
     torch.set_num_threads(1)  # the book's tiny models run fastest on one thread
+    world, device = init_from_env(args.device) if launched_by_torchrun() else (World(), args.device)
+    barrier(world)  # every process has checked DIR before rank 0 writes to it
+    if world.is_main:
+        out.mkdir(parents=True, exist_ok=True)
     if args.model_size is None:
-        model, tokenizer = load_base_policy(args.task, device=args.device)
+        model, tokenizer = load_base_policy(args.task, device=device)
     else:
         from rlbook.lm import build_tokenizer
 
         tokenizer = build_tokenizer()
-        model = build_model(args.model_size, seed=args.seed, tokenizer=tokenizer, device=args.device)
-    trainer = Trainer(model, tokenizer, recipe.make_task(), config)
+        model = build_model(args.model_size, seed=args.seed, tokenizer=tokenizer, device=device)
+    try:
+        trainer = Trainer(model, tokenizer, recipe.make_task(), config, world=world)
+    except ValueError as error:
+        raise UsageError(f"bad configuration: {error}") from None
     metrics_path = out / "metrics.jsonl"
     if args.resume:
         try:
             trainer.resume(checkpoints[-1])
         except ValueError as error:
             raise UsageError(f"--resume: {error}") from None
-        kept = [line for line in metrics_path.read_text().splitlines() if json.loads(line)["step"] <= trainer.step] \
-            if metrics_path.exists() else []
-        metrics_path.write_text("".join(line + "\n" for line in kept))  # drop steps logged after the checkpoint
-        print(f"resumed {out} at step {trainer.step}", file=sys.stderr)
-    else:
-        (out / "run.json").write_text(json.dumps(run, indent=1) + "\n")
-    trainer.callbacks += [MetricsLogger(metrics_path), CheckpointSaver(out, args.save_steps or args.max_steps)]
+        if world.is_main:
+            kept = [line for line in metrics_path.read_text().splitlines()
+                    if json.loads(line)["step"] <= trainer.step] if metrics_path.exists() else []
+            metrics_path.write_text("".join(line + "\n" for line in kept))  # drop steps logged after the checkpoint
+            print(f"resumed {out} at step {trainer.step}", file=sys.stderr)
+    elif world.is_main:
+        (out / "run.json").write_text(json.dumps({**run, "world_size": world.size}, indent=1) + "\n")
+    if world.is_main:
+        trainer.callbacks += [MetricsLogger(metrics_path)]
+    trainer.callbacks += [CheckpointSaver(out, args.save_steps or args.max_steps)]  # saves on rank 0 only
     trainer.train(args.max_steps - trainer.step, progress=not args.no_progress)
     if not (out / f"checkpoint-{trainer.step}").exists():
         trainer.save_checkpoint(out / f"checkpoint-{trainer.step}")
+    barrier(world)
     last = trainer.history[-1] if trainer.history else {}
-    print(f"done: {trainer.step} steps, reward {last.get('reward', float('nan')):.4g}, "
-          f"metrics in {metrics_path}", file=sys.stderr)
+    if world.is_main:
+        print(f"done: {trainer.step} steps, reward {last.get('reward', float('nan')):.4g}, "
+              f"metrics in {metrics_path}" + (f" ({world.size} processes)" if world.distributed else ""),
+              file=sys.stderr)
     return 0
 
 
@@ -191,7 +215,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        _leave_process_group()
     return 1
+
+
+def _leave_process_group() -> None:
+    """Leave the torchrun process group, if this process joined one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,11 @@ or extend the loop through callbacks (:mod:`rlbook.callbacks`), never by overrid
 Randomness comes from ``(seed, step)`` alone (prompts, sampling, minibatch order), so a run that is saved and
 resumed continues exactly as one that was not, on the same machine, and the arms of an experiment that share a
 seed see the same prompts.
+
+Under ``torchrun`` the same loop runs on every process: each samples its share of the step's groups, the
+advantages are computed on the gathered batch, the models are wrapped in ``DistributedDataParallel`` and every
+loss is divided by counts of the whole batch, so that the config means the same algorithm on any number of
+processes (:mod:`rlbook.distributed` says how).
 """
 
 from __future__ import annotations
@@ -27,6 +32,16 @@ import torch
 
 from rlbook.advantages import ESTIMATORS, AdvantageInputs
 from rlbook.callbacks import MetricsLogger, ProgressBar, TrainerCallback
+from rlbook.distributed import (
+    World,
+    all_reduce_sum,
+    current_world,
+    gather_rows,
+    global_share,
+    reduce_metrics,
+    row_offsets,
+    shard_groups,
+)
 from rlbook.lm import autocast
 from rlbook.lm.moe import expert_choices, is_moe, replay_routes, routers
 from rlbook.lm.value import build_value_model, token_values
@@ -64,12 +79,17 @@ class Trainer:
     a value model is built when the advantage estimator needs one (or pass one). ``callbacks`` watch the loop
     (:class:`rlbook.callbacks.TrainerCallback`); ``log_file`` appends every step's metrics as a JSON line. The
     metrics of every step are kept in ``history``; :data:`rlbook.metrics.METRICS` explains each key.
+
+    In a process group (``torchrun``; ``world`` defaults to :func:`rlbook.distributed.current_world`) every
+    process builds the same trainer; only rank 0 writes logs and checkpoints.
     """
 
     def __init__(self, policy, tokenizer, task: Task, config: RLConfig, *, value_model=None,
                  reward_fn=None, callbacks: list[TrainerCallback] | tuple = (),
-                 log_file: str | Path | None = None):
+                 log_file: str | Path | None = None, world: World | None = None):
         self.policy, self.tokenizer, self.task, self.config = policy, tokenizer, task, config
+        self.world = current_world() if world is None else world
+        self._prompt_shard = shard_groups(config.num_prompts, self.world)  # this rank's groups of a step
         self.device = next(policy.parameters()).device
         self.reward_fn = reward_fn or task.rewards
         for name in ("routing_replay", "router_learning_rate"):
@@ -80,6 +100,11 @@ class Trainer:
         if config.needs_value_model and value_model is None:
             value_model = build_value_model(policy, init=config.value_init, seed=config.seed)
         self.value_model = value_model if config.needs_value_model else None
+        # the trained models as one module: one forward per micro-batch, wrapped in DDP across processes
+        self._learner = _Learner(policy, self.value_model)
+        if self.world.distributed:
+            self._learner = torch.nn.parallel.DistributedDataParallel(
+                self._learner, find_unused_parameters=self.value_model is not None or is_moe(policy))
         params = list(policy.parameters()) + (list(self.value_model.parameters())
                                               if self.value_model else [])
         # a MoE's routers in their own group when they learn at their own rate
@@ -100,7 +125,7 @@ class Trainer:
                                             "lr": config.lambda_grpo_learning_rate,
                                             "name": "lambda"})
         self.kl_coef = config.beta  # moves when adaptive_kl_target is set
-        self.callbacks = list(callbacks) + ([MetricsLogger(log_file)] if log_file else [])
+        self.callbacks = list(callbacks) + ([MetricsLogger(log_file)] if log_file and self.world.is_main else [])
         self.value_pretrain_history: list[dict] = []
         self.step = 0
         self.history: list[dict] = []
@@ -114,7 +139,7 @@ class Trainer:
         steps = self.config.max_steps - self.step if steps is None else steps
         if self.step == 0 and self.config.value_pretrain_steps and not self.value_pretrain_history:
             self.pretrain_value(self.config.value_pretrain_steps)
-        bar = [ProgressBar(total=steps)] if progress else []
+        bar = [ProgressBar(total=steps)] if progress and self.world.is_main else []
         self.callbacks += bar
         try:
             self._notify("on_train_begin")
@@ -141,26 +166,23 @@ class Trainer:
     def train_step(self) -> dict:
         """Sample, score, update; returns this step's metrics (also appended to ``history``)."""
         config = self.config
-        timer = time.perf_counter()
+        timer = self._clock()
         rollout = self.sample_rollout(self.step)
         time_reward = rollout.metrics.pop("time/reward")
-        time_generate = time.perf_counter() - timer - time_reward
+        time_generate = self._clock() - timer - time_reward
         extra = self._notify("on_rollout_end", rollout)
 
-        timer = time.perf_counter()
+        timer = self._clock()
         scored = self.score(rollout)
-        time_score = time.perf_counter() - timer
+        time_score = self._clock() - timer
         extra.update(self._notify("on_score_end", scored))
 
-        timer = time.perf_counter()
+        timer = self._clock()
         update_metrics = self.update(scored)
-        time_update = time.perf_counter() - timer
+        time_update = self._clock() - timer
         extra.update(self._notify("on_update_end", scored))
 
         beta_used = self.kl_coef
-        if config.adaptive_kl_target is not None:  # the adaptive KL controller (Ziegler et al. 2019)
-            self.kl_coef = adaptive_kl_coef(self.kl_coef, scored.metrics["objective/kl"], config.adaptive_kl_target,
-                                            len(rollout.batch), config.adaptive_kl_horizon)
         metrics = {
             "step": self.step + 1,
             **rollout_metrics(rollout, scored),
@@ -175,12 +197,23 @@ class Trainer:
             "time/score": time_reward + time_score,
             "time/update": time_update,
         }
+        metrics = reduce_metrics(metrics, self.world)  # the same numbers on every process
+        if config.adaptive_kl_target is not None:  # the adaptive KL controller (Ziegler et al. 2019)
+            self.kl_coef = adaptive_kl_coef(self.kl_coef, metrics["objective/kl"], config.adaptive_kl_target,
+                                            metrics["num_completions"], config.adaptive_kl_horizon)
         self.step += 1
         if config.eval_every and (self.step % config.eval_every == 0 or self.step == config.max_steps):
             metrics["eval_accuracy"] = self.evaluate()
         self.history.append(metrics)
         self._notify("on_step_end", metrics)
         return metrics
+
+    def _clock(self) -> float:
+        """Seconds, for the phases' timings; on a GPU after waiting for the work queued so far (CUDA runs
+        asynchronously, so an unsynchronised clock charges one phase's kernels to the next)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def _notify(self, hook: str, *args) -> dict:
         """Call ``hook`` of every callback; the metrics they return, merged."""
@@ -193,19 +226,22 @@ class Trainer:
 
     def sample_rollout(self, step: int) -> Rollout:
         """This step's ``num_prompts`` groups of ``num_generations`` completions, rewarded (DAPO: only groups whose
-        rewards differ, see :func:`rlbook.rollout.dynamic_sampling`)."""
-        config, G = self.config, self.config.num_generations
+        rewards differ, see :func:`rlbook.rollout.dynamic_sampling`); this process's share of them under
+        ``torchrun``."""
+        config, G, shard = self.config, self.config.num_generations, self._prompt_shard
         time_reward, num_completions = 0.0, 0
 
         def sample_round(round_: int) -> Rollout:
             nonlocal time_reward, num_completions
             prompt_seed = [config.seed, step] + ([round_] if round_ else [])
-            examples = self.task.sample(config.num_prompts, split="train", seed=np.random.default_rng(prompt_seed))
+            examples = self.task.sample(config.num_prompts, split="train",
+                                        seed=np.random.default_rng(prompt_seed))[shard]
             with autocast(self.device):
                 batch = generate_rollouts(self.policy, self.tokenizer, [e.prompt for e in examples],
                                           num_generations=G, max_new_tokens=config.max_completion_length,
                                           temperature=config.sampling_temperature,
-                                          seed=_seed(config.seed, step, round_), device=self.device)
+                                          seed=_seed(config.seed, step, round_, self.world.rank),
+                                          device=self.device)
             timer = time.perf_counter()
             num_completions += len(batch)
             completions = batch.decode_completions(self.tokenizer)
@@ -214,7 +250,7 @@ class Trainer:
             return rollout
 
         if config.dynamic_sampling:
-            rollout = dynamic_sampling(sample_round, config.num_prompts, config.max_num_gen_batches,
+            rollout = dynamic_sampling(sample_round, shard.stop - shard.start, config.max_num_gen_batches,
                                        self.tokenizer.pad_token_id)
         else:
             rollout = sample_round(0)
@@ -242,10 +278,22 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, examples=None) -> float:
-        """Sampled accuracy (one completion each, at ``config.temperature``) on held-out test problems."""
+        """Sampled accuracy (one completion each, at ``config.temperature``) on held-out test problems (under
+        ``torchrun``, each process samples a share of them)."""
         examples = self._held_out if examples is None else examples
-        return sampled_accuracy(self.policy, self.tokenizer, self.task, examples, self.config.max_completion_length,
-                                seed=_seed(self.config.seed, -1, 0), temperature=self.config.temperature)
+        world = self.world
+        if world.distributed:
+            examples = examples[world.rank * len(examples) // world.size:
+                                (world.rank + 1) * len(examples) // world.size]
+        accuracy = sampled_accuracy(self.policy, self.tokenizer, self.task, examples,
+                                    self.config.max_completion_length,
+                                    seed=_seed(self.config.seed, -1, 0, world.rank),
+                                    temperature=self.config.temperature) if examples else 0.0
+        if world.distributed:
+            correct, total = all_reduce_sum(torch.tensor([accuracy * len(examples), len(examples)],
+                                                         dtype=torch.float64, device=self.device), world).tolist()
+            accuracy = correct / total
+        return accuracy
 
     # --- scoring: the old policy's numbers and the advantages ------------------------------------------------
 
@@ -307,14 +355,19 @@ class Trainer:
                                            old_logp if ref_logp is None else ref_logp, mask,
                                            reward_kl_coef)
         sequence_rewards = token_rewards.sum(-1) if reward_kl_coef else scores
-        estimate = ESTIMATORS[config.advantage_estimator](
-            AdvantageInputs(sequence_rewards, token_rewards, mask, batch.lengths,
-                            config.num_generations, old_values),
-            config)
+        # The estimator sees the whole step's batch: under torchrun, every process's rows gathered (batch-level
+        # scaling, whitening and filters then equal one process's), and this process's rows taken back.
+        world = self.world
+        inputs = AdvantageInputs(*(gather_rows(x, world) for x in (sequence_rewards, token_rewards, mask,
+                                                                    batch.lengths)),
+                                 config.num_generations, gather_rows(old_values, world))
+        estimate = ESTIMATORS[config.advantage_estimator](inputs, config)
         if estimate.returns is not None:
-            variance_explained = explained_variance(old_values, estimate.returns, mask)
+            variance_explained = explained_variance(inputs.values, estimate.returns, inputs.mask)
             metrics.update({} if variance_explained is None
                            else {"explained_variance": variance_explained})
+        if world.distributed:
+            estimate = _rows_of_rank(estimate, row_offsets(len(batch), world), world.rank, mask.shape[1])
         # the completions the estimator filtered out are not trained on (GFPO)
         if estimate.keep is not None:
             loss_mask = loss_mask * estimate.keep[:, None]
@@ -329,8 +382,11 @@ class Trainer:
         """``num_iterations`` passes over the rollout in shuffled minibatches, one optimizer step
         per ``gradient_accumulation_steps`` micro-batches; stops early once ``approx_kl`` passes
         1.5 · ``early_stop_kl`` (Spinning Up's rule)."""
-        config = self.config
-        B = scored.mask.shape[0]
+        config, world = self.config, self.world
+        # Minibatches are drawn from one permutation of the step's global rows; under torchrun each process
+        # computes the rows of a minibatch that it holds (rows first .. first + B_local - 1 of the global batch).
+        offsets = row_offsets(scored.mask.shape[0], world)
+        B, first, B_local = offsets[-1], offsets[world.rank], scored.mask.shape[0]
         micro, accumulate = config.per_device_train_batch_size, config.gradient_accumulation_steps
         generator = torch.Generator().manual_seed(_seed(config.seed, self.step))
         sums: dict[str, list[float]] = {}
@@ -342,16 +398,30 @@ class Trainer:
             order = torch.randperm(B, generator=generator).to(self.device)
             for start in range(0, B, micro * accumulate):
                 rows_of_step = order[start : start + micro * accumulate]
-                # the "dapo" loss's num_items_in_batch
-                tokens_of_step = scored.loss_mask[rows_of_step].sum()
+                micro_batches = [rows_of_step[k : k + micro] for k in range(0, len(rows_of_step), micro)]
+                counts = None
+                if world.distributed:
+                    micro_batches = [rows[(rows >= first) & (rows < first + B_local)] - first
+                                     for rows in micro_batches]
+                    counts = self._global_counts(scored, micro_batches)
+                    # the "dapo" loss's num_items_in_batch: every process's loss tokens of this step
+                    tokens_of_step = counts[:, 1].sum()
+                else:
+                    tokens_of_step = scored.loss_mask[rows_of_step].sum()
                 self.optimizer.zero_grad(set_to_none=True)
                 step_kl = []
-                for micro_start in range(0, len(rows_of_step), micro):
-                    rows = rows_of_step[micro_start : micro_start + micro]
-                    metrics = self._micro_batch_backward(scored, rows, tokens_of_step, value_only)
+                for k, rows in enumerate(micro_batches):
+                    metrics = self._micro_batch_backward(scored, rows, tokens_of_step, value_only,
+                                                         None if counts is None else counts[k])
                     for key, value in metrics.items():
                         sums.setdefault(key, []).append(value)
                     step_kl += [metrics["approx_kl"]] if "approx_kl" in metrics else []
+                if world.distributed:
+                    self._all_reduce_lambda_grad()
+                    if config.early_stop_kl is not None:  # every process decides on the mean over all of them
+                        kl = all_reduce_sum(torch.tensor([sum(step_kl), len(step_kl)], dtype=torch.float64,
+                                                         device=self.device), world).tolist()
+                        step_kl = [kl[0] / kl[1]] if kl[1] else []
                 params = [p for group in self.optimizer.param_groups
                           if group.get("name") != "lambda"
                           for p in group["params"] if p.grad is not None]
@@ -377,26 +447,53 @@ class Trainer:
             reduced["early_stopped"] = float(stopped)
         return reduced
 
+    def _kept_rows(self, scored: ScoredRollout, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` without those that have no loss token (GFPO's filtered-out, DAPO's overlong), which add
+        nothing, unless a value model still learns from them."""
+        return rows if self.value_model is not None else rows[scored.loss_mask[rows].any(-1)]
+
+    def _global_counts(self, scored: ScoredRollout, micro_batches: list[torch.Tensor]) -> torch.Tensor:
+        """Under torchrun: per micro-batch, the counts every loss divides by, summed over the processes: (k, 4)
+        rows kept, their loss tokens, the loss tokens of correct completions (VAPO's NLL), completion tokens
+        (the value loss)."""
+        local = []
+        for rows in micro_batches:
+            kept = self._kept_rows(scored, rows)
+            loss_mask = scored.loss_mask[kept]
+            local.append([len(kept), loss_mask.sum().item(),
+                          (loss_mask * scored.correct[kept, None]).sum().item(), scored.mask[kept].sum().item()])
+        return all_reduce_sum(torch.tensor(local, dtype=torch.float64, device=self.device), self.world)
+
+    def _all_reduce_lambda_grad(self) -> None:
+        """λ-GRPO's λ is trained outside DDP's module: its gradient averaged over processes as DDP averages."""
+        lam = self.response_weight_lambda
+        if lam is not None:
+            grad = lam.grad if lam.grad is not None else torch.zeros_like(lam)
+            lam.grad = all_reduce_sum(grad, self.world) / self.world.size
+
     def _micro_batch_backward(self, scored: ScoredRollout, rows, tokens_of_step,
-                              value_only=False) -> dict:
+                              value_only=False, counts=None) -> dict:
         """The loss of one micro-batch (policy loss, VAPO's NLL, the value loss), backpropagated;
-        its metrics."""
-        config, accumulate = self.config, self.config.gradient_accumulation_steps
-        # rows without a loss token (GFPO's filtered-out, DAPO's overlong) add nothing
-        if self.value_model is None:
-            rows = rows[scored.loss_mask[rows].any(-1)]
+        its metrics. Under torchrun ``counts`` holds the micro-batch's counts over all processes
+        (:meth:`_global_counts`), and each loss is rescaled from this process's count to them
+        (:func:`rlbook.distributed.global_share`)."""
+        config, accumulate, world = self.config, self.config.gradient_accumulation_steps, self.world
+        rows = self._kept_rows(scored, rows)
+        if counts is not None:
+            if counts[0] == 0:  # no process has a row to learn from: no backward anywhere
+                return {}
+            if len(rows) == 0:  # others have: a forward DDP can wait on, whose gradient is 0
+                return self._empty_backward(scored, value_only)
         mask, loss_mask = scored.mask[rows], scored.loss_mask[rows]
         input_ids, attention_mask = scored.input_ids[rows], scored.attention_mask[rows]
         metrics, loss = {}, torch.zeros((), device=self.device)
+        # no policy loss when every completion here was filtered out
+        with_policy = not value_only and bool(loss_mask.any())
         with autocast(self.device):
-            # no policy loss when every completion here was filtered out
-            if not value_only and bool(loss_mask.any()):
-                # Routing Replay: pi_theta's log-probs on the routes pi_old took
-                replay = (replay_routes(self.policy, scored.routes[:, rows])
-                          if scored.routes is not None else contextlib.nullcontext())
-                with replay:
-                    logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask,
-                                             temperature=config.temperature)
+            logp, values = self._learner(input_ids, attention_mask, mask, config.temperature,
+                                         with_policy=with_policy,
+                                         routes=None if scored.routes is None else scored.routes[:, rows])
+            if with_policy:
                 kl_in_loss = self.kl_coef if config.kl_placement == "loss" else 0.0
                 weights = None
                 # λ-GRPO: the weights of whole groups, then these rows'
@@ -414,20 +511,39 @@ class Trainer:
                     response_weights=weights,
                 )
                 metrics["loss/policy"] = loss.item()
+                if counts is not None:  # this process's share of the loss over all processes' rows
+                    loss = loss * (world.size if config.loss_type == "dapo" else global_share(
+                        *((loss_mask.sum(), counts[1]) if config.loss_type == "bnpo" else (len(rows), counts[0])),
+                        world))
                 nll = (positive_example_nll(logp, loss_mask, scored.correct[rows])
                        if config.nll_coef > 0 else None)
                 if nll is not None:  # VAPO: imitate the correct completions too
-                    loss = loss + config.nll_coef * nll / accumulate
                     metrics["loss/nll"] = nll.item()
-            if self.value_model is not None:
-                values = token_values(self.value_model, input_ids, attention_mask, mask)
+                    if counts is not None:
+                        nll = nll * global_share((loss_mask * scored.correct[rows, None]).sum(), counts[2], world)
+                    loss = loss + config.nll_coef * nll / accumulate
+            if values is not None:
                 v_loss = value_loss(values, scored.old_values[rows], scored.returns[rows], mask,
                                     config.cliprange_value)
-                loss = loss + config.vf_coef * v_loss / accumulate
                 metrics["loss/value"] = v_loss.item()
+                if counts is not None:
+                    v_loss = v_loss * global_share(mask.sum(), counts[3], world)
+                loss = loss + config.vf_coef * v_loss / accumulate
         if loss.requires_grad:
             loss.backward()
         return metrics
+
+    def _empty_backward(self, scored: ScoredRollout, value_only: bool) -> dict:
+        """Under torchrun, a micro-batch that holds none of this process's rows while others' hold some: DDP
+        averages gradients over every process, so this one runs a forward on one of its rows and backpropagates
+        zero times its output."""
+        row = torch.zeros(1, dtype=torch.long, device=self.device)
+        with autocast(self.device):
+            outputs = self._learner(scored.input_ids[row], scored.attention_mask[row], scored.mask[row],
+                                    self.config.temperature, with_policy=not value_only,
+                                    routes=None if scored.routes is None else scored.routes[:, row])
+        sum(0.0 * out.sum() for out in outputs if out is not None).backward()
+        return {}
 
     def pretrain_value(self, steps: int) -> list[dict]:
         """VAPO's value pretraining: ``steps`` rounds of sampling from the (frozen) current policy
@@ -442,14 +558,18 @@ class Trainer:
             scored = self.score(self.sample_rollout(10**6 + k))
             metrics = {"step": k + 1, **scored.metrics, **self.update(scored, True)}
             metrics["time/pretrain"] = time.perf_counter() - timer
+            metrics = reduce_metrics(metrics, self.world)
             self.value_pretrain_history.append(metrics)
         return self.value_pretrain_history
 
     # --- saving and resuming --------------------------------------------------------------------------------
 
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Everything needed to continue: weights, optimizer state, step, history and config."""
+        """Everything needed to continue: weights, optimizer state, step, history and config. Under torchrun only
+        rank 0 writes (every process holds the same state)."""
         path = Path(path)
+        if not self.world.is_main:
+            return path
         path.mkdir(parents=True, exist_ok=True)
         state = {
             "policy": self.policy.state_dict(),
@@ -487,9 +607,42 @@ class Trainer:
         return self
 
 
-def _seed(seed: int, step: int, round_: int = 0) -> int:
-    """A distinct, reproducible seed for each (run seed, step, generation round)."""
-    return int(np.random.default_rng([seed, step + 1, round_]).integers(2**62))
+def _seed(seed: int, step: int, round_: int = 0, rank: int = 0) -> int:
+    """A distinct, reproducible seed for each (run seed, step, generation round, process)."""
+    return int(np.random.default_rng([seed, step + 1, round_] + ([rank] if rank else [])).integers(2**62))
+
+
+class _Learner(torch.nn.Module):
+    """The models the update trains, as one module whose forward gives a micro-batch's log-probs (when
+    ``with_policy``) and values (when there is a value model): what ``DistributedDataParallel`` wraps, since
+    it synchronises the gradients of what ran through its forward."""
+
+    def __init__(self, policy, value_model=None):
+        super().__init__()
+        self.policy, self.value_model = policy, value_model
+
+    def forward(self, input_ids, attention_mask, mask, temperature, *, with_policy=True, routes=None):
+        logp = values = None
+        if with_policy:
+            # Routing Replay: pi_theta's log-probs on the routes pi_old took
+            replay = replay_routes(self.policy, routes) if routes is not None else contextlib.nullcontext()
+            with replay:
+                logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask, temperature=temperature)
+        if self.value_model is not None:
+            values = token_values(self.value_model, input_ids, attention_mask, mask)
+        return logp, values
+
+
+def _rows_of_rank(estimate, offsets: list[int], rank: int, width: int):
+    """An estimator's output on the gathered batch, cut back to this process's rows and its ``width`` token
+    columns."""
+    rows = slice(offsets[rank], offsets[rank + 1])
+
+    def cut(x):
+        return None if x is None else (x[rows, :width] if x.dim() > 1 else x[rows])
+
+    return dataclasses.replace(estimate, advantages=cut(estimate.advantages), returns=cut(estimate.returns),
+                               keep=cut(estimate.keep))
 
 
 def _frozen_copy(model):
