@@ -197,3 +197,19 @@ def test_engine_options_spot_checks():
     rows = engine_table()
     assert [row["preset"] for row in rows] == list(PRESETS)
     assert all(set(row) == {"preset", *ENGINES} for row in rows)
+
+
+def test_the_books_table_leaves_out_sizes_and_keeps_the_algorithm():
+    from rlbook.integrations.engines import SIZE_OPTIONS
+
+    full, lean = engine_table(["dapo"])[0], engine_table(["dapo"], sizes=False)[0]
+    for engine in ENGINES:
+        kept = [line.split("=")[0].split(": ")[0] for line in lean[engine].splitlines()]
+        assert not set(kept) & SIZE_OPTIONS[engine], engine
+        assert set(lean[engine].splitlines()) < set(full[engine].splitlines()), engine
+    assert "epsilon_high=0.28" in lean["TRL"].splitlines()
+    assert "actor_rollout_ref.actor.clip_ratio_high=0.28" in lean["verl"].splitlines()
+    # every size option names an option the engine has
+    for engine, names in SIZE_OPTIONS.items():
+        every = set().union(*(engine_options(n)[engine] for n in PRESETS))
+        assert names <= every, (engine, names - every)

@@ -14,6 +14,8 @@ Each sub-package follows a part of the book:
   the meaning of every metric it logs;
 - :mod:`rlbook.reward_model`, :mod:`rlbook.dpo`, :mod:`rlbook.gapo` -- Bradley-Terry reward models, DPO, GAPO;
 - :mod:`rlbook.experiment`, :mod:`rlbook.cli` -- arms x seeds experiments with stored results, and ``rlbook train``;
+- :mod:`rlbook.distributed`, :mod:`rlbook.integrations` -- the trainer under torchrun, the TRL bridge, and every
+  preset's TRL, verl and OpenRLHF options;
 - :mod:`rlbook.exercises` -- checkers that compare a reader's solution with the reference.
 """
 

@@ -1,27 +1,28 @@
-"""Several processes, one training step: what :class:`rlbook.trainer.Trainer` does under ``torchrun``.
+"""Several processes, one training step: what :class:`rlbook.trainer.Trainer` does under torchrun.
 
-    torchrun --nproc_per_node 2 -m rlbook train --algo grpo --task arithmetic --max-steps 100 --output-dir runs/g
+    torchrun --standalone --nproc_per_node 2 -m rlbook train --algo grpo --task arithmetic \\
+        --max-steps 100 --output-dir runs/grpo-2proc
 
 The engine is PyTorch's own: ``torch.distributed`` (gloo on CPU, NCCL on CUDA) and
-:class:`~torch.nn.parallel.DistributedDataParallel`, which averages the gradients of every backward pass over the
-processes ("ranks"). This module holds only what the book's algorithms add on top of that engine:
+:class:`~torch.nn.parallel.DistributedDataParallel`, which averages the gradients of every backward
+pass over the processes ("ranks"). This module holds only what the book's algorithms add on top:
 
-- **The config is the global step.** ``num_prompts`` groups of ``num_generations`` completions per step, whatever
-  the number of ranks; each rank samples a contiguous share of whole groups (:func:`shard_groups`), so a group's
-  baseline never needs another rank's rewards. The same config and seed train the same algorithm on 1 or 8 ranks,
-  only faster. (TRL's ``per_device_train_batch_size`` is per process instead; :mod:`rlbook.integrations.trl`
-  converts.)
-- **Whatever reads the whole batch sees the whole batch.** The advantage estimators run on every rank on the
-  gathered batch (:func:`gather_rows`): batch-level reward scaling, PPO's whitening and GFPO's filter then equal
-  the single-process numbers. Minibatches are drawn from one permutation of the *global* rows; each rank computes
-  the rows of a minibatch that it holds.
+- **The config is the global step.** ``num_prompts`` groups of ``num_generations`` completions per
+  step, whatever the number of ranks; each rank samples a contiguous share of whole groups
+  (:func:`shard_groups`), so a group's baseline never needs another rank's rewards. The same config
+  and seed train the same algorithm on 1 or 8 ranks, only faster. (TRL's
+  ``per_device_train_batch_size`` is per process instead; :mod:`rlbook.integrations.trl` converts.)
+- **Whatever reads the whole batch sees the whole batch.** The advantage estimators run on every
+  rank on the gathered batch (:func:`gather_rows`): batch-level reward scaling, PPO's whitening and
+  GFPO's filter then equal the single-process numbers. Minibatches are drawn from one permutation
+  of the *global* rows; each rank computes the rows of a minibatch that it holds.
 - **Every denominator is global.** A loss is a sum over rows or tokens divided by a count (rows for
-  ``loss_type="grpo"``, ``"dr_grpo"`` and ``"gmpo"``, tokens for ``"bnpo"``, the optimizer step's tokens for
-  ``"dapo"``; the NLL and value losses likewise). A rank divides its own sum by the all-reduced count and
-  multiplies by the world size, which DDP's average divides out again (:func:`global_share`), so one update equals
-  the single-process update on the whole batch.
-- **One set of metrics.** Every step's metrics are reduced over ranks (:func:`reduce_metrics`); only rank 0 logs
-  and saves checkpoints.
+  ``loss_type="grpo"``, ``"dr_grpo"`` and ``"gmpo"``, tokens for ``"bnpo"``, the optimizer step's
+  tokens for ``"dapo"``; the NLL and value losses likewise). A rank divides its own sum by the
+  all-reduced count and multiplies by the world size, which DDP's average divides out again
+  (:func:`global_share`), so one update equals the single-process update on the whole batch.
+- **One set of metrics.** Every step's metrics are reduced over ranks (:func:`reduce_metrics`);
+  only rank 0 logs and saves checkpoints.
 """
 
 from __future__ import annotations
@@ -50,20 +51,21 @@ class World:
 
 
 def current_world() -> World:
-    """The initialised process group's rank and size; ``World()`` (one process) when there is none."""
+    """The initialised process group's rank and size; ``World()`` (one process) without one."""
     if dist.is_available() and dist.is_initialized():
         return World(dist.get_rank(), dist.get_world_size())
     return World()
 
 
 def launched_by_torchrun() -> bool:
-    """Whether ``torchrun`` started this process as one of several (``WORLD_SIZE`` > 1 in the environment)."""
+    """Whether torchrun started this process as one of several (``WORLD_SIZE`` > 1)."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def init_from_env(device: str = "cpu") -> tuple[World, torch.device]:
-    """Join the process group ``torchrun`` describes in the environment: gloo for ``device="cpu"``, NCCL for
-    ``"cuda"`` (each rank on GPU ``LOCAL_RANK``). Returns this process's :class:`World` and device."""
+    """Join the process group torchrun describes in the environment: gloo for ``device="cpu"``,
+    NCCL for ``"cuda"`` (each rank on GPU ``LOCAL_RANK``). Returns this process's :class:`World`
+    and device."""
     kind = torch.device(device).type
     if kind == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -79,23 +81,25 @@ def init_from_env(device: str = "cpu") -> tuple[World, torch.device]:
 
 
 def shard_groups(num_prompts: int, world: World) -> slice:
-    """The prompts (groups) of one step that ``world.rank`` samples: a contiguous ``num_prompts / size`` of them.
-    A ``ValueError`` names the fix when the groups cannot be dealt out whole and evenly."""
+    """The prompts (groups) of a step that ``world.rank`` samples: a contiguous
+    ``num_prompts / size`` of them. A ``ValueError`` names the fix when the groups cannot be
+    dealt out whole and evenly."""
     if world.size > num_prompts:
-        raise ValueError(f"{world.size} processes but only {num_prompts} groups per step: every rank needs at "
-                         f"least one whole group; raise per_device_train_batch_size * steps_per_generation "
-                         f"(the global batch) or run fewer processes")
+        raise ValueError(f"{world.size} processes but only {num_prompts} groups per step: every "
+                         f"rank needs at least one whole group; raise per_device_train_batch_size "
+                         f"* steps_per_generation (the global batch) or run fewer processes")
     if num_prompts % world.size:
-        raise ValueError(f"the global batch of {num_prompts} groups cannot be split into whole groups over "
-                         f"{world.size} processes; make num_prompts (generation_batch_size / num_generations) "
-                         f"a multiple of {world.size}")
+        raise ValueError(f"the global batch of {num_prompts} groups cannot be split into whole "
+                         f"groups over {world.size} processes; make num_prompts "
+                         f"(generation_batch_size / num_generations) a multiple of {world.size}")
     share = num_prompts // world.size
     return slice(world.rank * share, (world.rank + 1) * share)
 
 
 def row_offsets(num_rows: int, world: World) -> list[int]:
-    """Where each rank's rows start in the global batch, and its end: ``[0, n_0, n_0 + n_1, ..., B]``. Ranks may
-    hold different numbers of rows (dynamic sampling can run out of rounds on one rank)."""
+    """Where each rank's rows start in the global batch, and its end: ``[0, n_0, n_0 + n_1, ...,
+    B]``. Ranks may hold different numbers of rows (dynamic sampling can run out of rounds on
+    one)."""
     if not world.distributed:
         return [0, num_rows]
     sizes = [None] * world.size
@@ -107,8 +111,9 @@ def row_offsets(num_rows: int, world: World) -> list[int]:
 
 
 def gather_rows(tensor: torch.Tensor | None, world: World) -> torch.Tensor | None:
-    """Every rank's rows of ``tensor`` (B_r, ...) stacked in rank order: (B, ...). A second dimension (tokens) is
-    right-padded with zeros to the widest rank's, as a single process pads its batch."""
+    """Every rank's rows of ``tensor`` (B_r, ...) stacked in rank order: (B, ...). A second
+    dimension (tokens) is right-padded with zeros to the widest rank's, as one process pads its
+    batch."""
     if tensor is None or not world.distributed:
         return tensor
     pieces = [None] * world.size
@@ -120,7 +125,7 @@ def gather_rows(tensor: torch.Tensor | None, world: World) -> torch.Tensor | Non
 
 
 def all_reduce_sum(tensor: torch.Tensor, world: World) -> torch.Tensor:
-    """``tensor`` summed over ranks (a new tensor; the input itself when there is one rank)."""
+    """``tensor`` summed over ranks (a new tensor; the input itself on one rank)."""
     if not world.distributed:
         return tensor
     total = tensor.clone()
@@ -128,23 +133,24 @@ def all_reduce_sum(tensor: torch.Tensor, world: World) -> torch.Tensor:
     return total
 
 
-def global_share(local: torch.Tensor | float, total: torch.Tensor | float, world: World) -> torch.Tensor | float:
-    """The factor that turns a loss normalised by this rank's count ``local`` into this rank's share of the loss
-    normalised by the all-ranks count ``total``, under DDP's gradient *average*: ``size * local / total``.
-    Exactly 1 on one rank; 0 for a rank that holds none of the rows."""
+def global_share(local, total, world: World):
+    """The factor that turns a loss divided by this rank's count ``local`` into this rank's share
+    of the loss divided by the all-ranks count ``total``, under DDP's gradient *average*:
+    ``size * local / total``. Exactly 1 on one rank; 0 for a rank that holds none of the rows."""
     if not world.distributed:
         return 1.0
     return world.size * local / total if total > 0 else 0.0
 
 
-SUMMED_METRICS = ("num_completions", "dynamic_sampling/groups")  # counts of the whole step: summed over ranks
+SUMMED_METRICS = ("num_completions", "dynamic_sampling/groups")  # counts of the whole step
 
 
 def reduce_metrics(metrics: dict, world: World) -> dict:
-    """One rank's metrics -> the same dict on every rank: the mean over the ranks that report a key; keys ending in
-    ``min`` or ``max`` (or whose last part starts so: ``completions/max_length``) take the minimum or maximum, the
-    counts of :data:`SUMMED_METRICS` the sum. Non-numbers, and
-    ``step`` and ``optimizer_steps`` (equal on every rank), are rank 0's."""
+    """One rank's metrics -> the same dict on every rank: the mean over the ranks that report a
+    key; keys ending in ``min`` or ``max`` (or whose last part starts so:
+    ``completions/max_length``) take the minimum or maximum, the counts of
+    :data:`SUMMED_METRICS` the sum. Non-numbers, and ``step`` and ``optimizer_steps`` (equal on
+    every rank), are rank 0's."""
     if not world.distributed:
         return metrics
     every = [None] * world.size

@@ -89,7 +89,8 @@ class Trainer:
                  log_file: str | Path | None = None, world: World | None = None):
         self.policy, self.tokenizer, self.task, self.config = policy, tokenizer, task, config
         self.world = current_world() if world is None else world
-        self._prompt_shard = shard_groups(config.num_prompts, self.world)  # this rank's groups of a step
+        # this rank's groups of a step
+        self._prompt_shard = shard_groups(config.num_prompts, self.world)
         self.device = next(policy.parameters()).device
         self.reward_fn = reward_fn or task.rewards
         for name in ("routing_replay", "router_learning_rate"):
@@ -100,11 +101,12 @@ class Trainer:
         if config.needs_value_model and value_model is None:
             value_model = build_value_model(policy, init=config.value_init, seed=config.seed)
         self.value_model = value_model if config.needs_value_model else None
-        # the trained models as one module: one forward per micro-batch, wrapped in DDP across processes
+        # the trained models as one module, one forward per micro-batch: what DDP wraps
         self._learner = _Learner(policy, self.value_model)
         if self.world.distributed:
             self._learner = torch.nn.parallel.DistributedDataParallel(
-                self._learner, find_unused_parameters=self.value_model is not None or is_moe(policy))
+                self._learner,
+                find_unused_parameters=self.value_model is not None or is_moe(policy))
         params = list(policy.parameters()) + (list(self.value_model.parameters())
                                               if self.value_model else [])
         # a MoE's routers in their own group when they learn at their own rate
@@ -125,7 +127,8 @@ class Trainer:
                                             "lr": config.lambda_grpo_learning_rate,
                                             "name": "lambda"})
         self.kl_coef = config.beta  # moves when adaptive_kl_target is set
-        self.callbacks = list(callbacks) + ([MetricsLogger(log_file)] if log_file and self.world.is_main else [])
+        logger = [MetricsLogger(log_file)] if log_file and self.world.is_main else []
+        self.callbacks = list(callbacks) + logger
         self.value_pretrain_history: list[dict] = []
         self.step = 0
         self.history: list[dict] = []
@@ -355,19 +358,21 @@ class Trainer:
                                            old_logp if ref_logp is None else ref_logp, mask,
                                            reward_kl_coef)
         sequence_rewards = token_rewards.sum(-1) if reward_kl_coef else scores
-        # The estimator sees the whole step's batch: under torchrun, every process's rows gathered (batch-level
-        # scaling, whitening and filters then equal one process's), and this process's rows taken back.
+        # The estimator sees the whole step's batch: under torchrun, every process's rows
+        # gathered (batch-level scaling, whitening and filters then equal one process's), and
+        # this process's rows taken back.
         world = self.world
-        inputs = AdvantageInputs(*(gather_rows(x, world) for x in (sequence_rewards, token_rewards, mask,
-                                                                    batch.lengths)),
-                                 config.num_generations, gather_rows(old_values, world))
+        gathered = (gather_rows(x, world)
+                    for x in (sequence_rewards, token_rewards, mask, batch.lengths))
+        inputs = AdvantageInputs(*gathered, config.num_generations, gather_rows(old_values, world))
         estimate = ESTIMATORS[config.advantage_estimator](inputs, config)
         if estimate.returns is not None:
             variance_explained = explained_variance(inputs.values, estimate.returns, inputs.mask)
             metrics.update({} if variance_explained is None
                            else {"explained_variance": variance_explained})
         if world.distributed:
-            estimate = _rows_of_rank(estimate, row_offsets(len(batch), world), world.rank, mask.shape[1])
+            estimate = _rows_of_rank(estimate, row_offsets(len(batch), world), world.rank,
+                                     mask.shape[1])
         # the completions the estimator filtered out are not trained on (GFPO)
         if estimate.keep is not None:
             loss_mask = loss_mask * estimate.keep[:, None]
@@ -383,8 +388,9 @@ class Trainer:
         per ``gradient_accumulation_steps`` micro-batches; stops early once ``approx_kl`` passes
         1.5 · ``early_stop_kl`` (Spinning Up's rule)."""
         config, world = self.config, self.world
-        # Minibatches are drawn from one permutation of the step's global rows; under torchrun each process
-        # computes the rows of a minibatch that it holds (rows first .. first + B_local - 1 of the global batch).
+        # Minibatches are drawn from one permutation of the step's global rows; under torchrun
+        # each process computes the rows of a minibatch that it holds (global rows first ..
+        # first + B_local - 1).
         offsets = row_offsets(scored.mask.shape[0], world)
         B, first, B_local = offsets[-1], offsets[world.rank], scored.mask.shape[0]
         micro, accumulate = config.per_device_train_batch_size, config.gradient_accumulation_steps
@@ -398,7 +404,8 @@ class Trainer:
             order = torch.randperm(B, generator=generator).to(self.device)
             for start in range(0, B, micro * accumulate):
                 rows_of_step = order[start : start + micro * accumulate]
-                micro_batches = [rows_of_step[k : k + micro] for k in range(0, len(rows_of_step), micro)]
+                micro_batches = [rows_of_step[k : k + micro]
+                                 for k in range(0, len(rows_of_step), micro)]
                 counts = None
                 if world.distributed:
                     micro_batches = [rows[(rows >= first) & (rows < first + B_local)] - first
@@ -418,9 +425,11 @@ class Trainer:
                     step_kl += [metrics["approx_kl"]] if "approx_kl" in metrics else []
                 if world.distributed:
                     self._all_reduce_lambda_grad()
-                    if config.early_stop_kl is not None:  # every process decides on the mean over all of them
-                        kl = all_reduce_sum(torch.tensor([sum(step_kl), len(step_kl)], dtype=torch.float64,
-                                                         device=self.device), world).tolist()
+                    # every process decides on the mean over all of them
+                    if config.early_stop_kl is not None:
+                        kl = torch.tensor([sum(step_kl), len(step_kl)], dtype=torch.float64,
+                                          device=self.device)
+                        kl = all_reduce_sum(kl, world).tolist()
                         step_kl = [kl[0] / kl[1]] if kl[1] else []
                 params = [p for group in self.optimizer.param_groups
                           if group.get("name") != "lambda"
@@ -490,9 +499,9 @@ class Trainer:
         # no policy loss when every completion here was filtered out
         with_policy = not value_only and bool(loss_mask.any())
         with autocast(self.device):
+            routes = None if scored.routes is None else scored.routes[:, rows]
             logp, values = self._learner(input_ids, attention_mask, mask, config.temperature,
-                                         with_policy=with_policy,
-                                         routes=None if scored.routes is None else scored.routes[:, rows])
+                                         with_policy=with_policy, routes=routes)
             if with_policy:
                 kl_in_loss = self.kl_coef if config.kl_placement == "loss" else 0.0
                 weights = None
@@ -512,15 +521,19 @@ class Trainer:
                 )
                 metrics["loss/policy"] = loss.item()
                 if counts is not None:  # this process's share of the loss over all processes' rows
-                    loss = loss * (world.size if config.loss_type == "dapo" else global_share(
-                        *((loss_mask.sum(), counts[1]) if config.loss_type == "bnpo" else (len(rows), counts[0])),
-                        world))
+                    if config.loss_type == "dapo":  # already divided by the step's global tokens
+                        loss = loss * world.size
+                    elif config.loss_type == "bnpo":  # a token mean
+                        loss = loss * global_share(loss_mask.sum(), counts[1], world)
+                    else:  # a mean over completions
+                        loss = loss * global_share(len(rows), counts[0], world)
                 nll = (positive_example_nll(logp, loss_mask, scored.correct[rows])
                        if config.nll_coef > 0 else None)
                 if nll is not None:  # VAPO: imitate the correct completions too
                     metrics["loss/nll"] = nll.item()
                     if counts is not None:
-                        nll = nll * global_share((loss_mask * scored.correct[rows, None]).sum(), counts[2], world)
+                        correct_tokens = (loss_mask * scored.correct[rows, None]).sum()
+                        nll = nll * global_share(correct_tokens, counts[2], world)
                     loss = loss + config.nll_coef * nll / accumulate
             if values is not None:
                 v_loss = value_loss(values, scored.old_values[rows], scored.returns[rows], mask,

@@ -296,14 +296,30 @@ def engine_options(config_or_preset_name: RLConfig | str) -> dict[str, dict[str,
     return {"TRL": trl_options(c), "verl": verl_options(c), "OpenRLHF": openrlhf_options(c)}
 
 
-def engine_table(names=None) -> list[dict[str, str]]:
+# The options that set sizes, lengths and the optimiser's schedule rather than the algorithm (the book's are set for
+# its tiny policies): engine_table(sizes=False) leaves them out.
+SIZE_OPTIONS = {
+    "TRL": {"max_completion_length", "temperature", "top_p", "top_k", "per_device_train_batch_size",
+            "gradient_accumulation_steps", "learning_rate", "weight_decay", "max_grad_norm", "lr_scheduler_type",
+            "warmup_steps", "max_steps", "seed"},
+    "verl": {"data.max_response_length", "actor_rollout_ref.rollout.temperature", "actor_rollout_ref.actor.optim.lr",
+             "actor_rollout_ref.actor.optim.weight_decay", "actor_rollout_ref.actor.optim.clip_grad",
+             "trainer.total_training_steps", "critic.optim.lr"},
+    "OpenRLHF": {"--rollout.max_new_tokens", "--rollout.temperature", "--actor.adam.lr", "--actor.adam.weight_decay",
+                 "--actor.max_norm", "--actor.lr_scheduler", "--actor.lr_warmup_ratio", "--critic.adam.lr"},
+}
+
+
+def engine_table(names=None, sizes: bool = True) -> list[dict[str, str]]:
     """Rows for the book's table, one per preset (all of :data:`rlbook.presets.PRESETS` by default): ``preset``
     and, per engine, its options as ``"option=value"`` lines (a flag without a value alone), the missing pieces
-    last."""
+    last; ``sizes=False`` leaves out the :data:`SIZE_OPTIONS`."""
     rows = []
     for name in names or PRESETS:
         row = {"preset": name}
         for engine, options in engine_options(name).items():
+            if not sizes:
+                options = {k: v for k, v in options.items() if k not in SIZE_OPTIONS[engine]}
             present = [k if v == "" else f"{k}={v}" for k, v in options.items() if not v.startswith("not available")]
             missing = [f"{k}: {v}" for k, v in options.items() if v.startswith("not available")]
             row[engine] = "\n".join(present + missing)
