@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm import tqdm
 
+from rlbook.files import prune_checkpoints
 from rlbook.objectives import masked_mean
 from rlbook.rollout import sequence_logprobs
 
@@ -91,17 +92,28 @@ class MetricsLogger(TrainerCallback):
 
 
 class CheckpointSaver(TrainerCallback):
-    """Saves the trainer (:meth:`rlbook.trainer.Trainer.save_checkpoint`) to ``folder/checkpoint-<step>`` every
-    ``every`` steps."""
+    """Saves the trainer (:meth:`rlbook.trainer.Trainer.save_checkpoint`) to
+    ``folder/checkpoint-<step>`` every ``every`` steps. With ``keep_last=k`` (TRL's
+    ``save_total_limit``), once a new checkpoint is complete the older ones beyond the newest ``k``
+    are deleted (:func:`rlbook.files.prune_checkpoints`)."""
 
-    def __init__(self, folder: str | Path, every: int):
+    def __init__(self, folder: str | Path, every: int, keep_last: int | None = None):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
-        self.folder, self.every = Path(folder), every
+        if keep_last is not None and keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+        self.folder, self.every, self.keep_last = Path(folder), every, keep_last
 
     def on_step_end(self, trainer, metrics):
         if trainer.step % self.every == 0:
-            trainer.save_checkpoint(self.folder / f"checkpoint-{trainer.step}")
+            self.save(trainer)
+
+    def save(self, trainer: Trainer) -> Path:
+        """Save ``checkpoint-<step>`` now, then prune (rank 0 only, like the save)."""
+        path = trainer.save_checkpoint(self.folder / f"checkpoint-{trainer.step}")
+        if self.keep_last is not None and trainer.world.is_main:
+            prune_checkpoints(self.folder, self.keep_last, keep=path)
+        return path
 
 
 class PostUpdateRatios(TrainerCallback):

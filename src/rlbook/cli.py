@@ -8,7 +8,15 @@
 It starts from the task's shipped base policy (``--model-size`` builds a fresh, untrained model of that size
 instead), shows a progress bar, appends one JSON object per step (``step`` and the metrics of
 :data:`rlbook.metrics.METRICS`) to ``DIR/metrics.jsonl``, and saves a checkpoint ``DIR/checkpoint-<step>`` every
-``--save-steps`` steps and at the end. Bad input gets one line on stderr and exit status 2, never a traceback.
+``--save-steps`` steps and at the end (only the newest ``--save-total-limit`` of them are kept).
+Bad input gets one line on stderr and exit status 2, never a traceback.
+
+Nothing is lost if the process is killed (``kill -9``, a lost machine): checkpoints are written to a
+temporary folder and renamed into place when complete (:mod:`rlbook.files`), so ``--resume`` always
+finds a loadable one. It falls back to the previous checkpoint if the newest cannot be read, drops
+the metrics logged after the checkpoint (and a last line cut mid-write), and continues exactly as
+the uninterrupted run would have. A checkpoint that cannot be written (a full disk) stops the run
+with one line on stderr and exit status 1; the previous checkpoints are intact.
 
 Under ``torchrun`` every process runs this command: they join a process group (gloo on CPU, NCCL with
 ``--device cuda``), share each step's groups (:mod:`rlbook.distributed`), and rank 0 alone writes ``DIR``.
@@ -62,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--output-dir", required=True, type=Path, metavar="DIR")
     train.add_argument("--save-steps", type=int, default=None, metavar="K",
                        help="save a checkpoint every K steps (always at the end)")
+    train.add_argument("--save-total-limit", type=int, default=None, metavar="K",
+                       help="keep only the newest K checkpoints (TRL's save_total_limit)")
     train.add_argument("--resume", action="store_true", help="continue the run in DIR from its last checkpoint")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                        help="override one RLConfig field, e.g. --set learning_rate=3e-4 (repeatable)")
@@ -113,6 +123,7 @@ def train(args) -> int:
     from rlbook.callbacks import CheckpointSaver, MetricsLogger
     from rlbook.checkpoints import RECIPES, load_base_policy
     from rlbook.distributed import World, barrier, init_from_env, launched_by_torchrun
+    from rlbook.files import atomic_write_text, list_checkpoints, remove_leftovers
     from rlbook.lm import MODEL_SIZES, build_model
     from rlbook.presets import PRESETS, preset
     from rlbook.trainer import Trainer
@@ -125,6 +136,8 @@ def train(args) -> int:
         raise UsageError(f"unknown model size {args.model_size!r}; choose one of: {', '.join(MODEL_SIZES)}")
     if args.max_steps < 1 or (args.save_steps is not None and args.save_steps < 1):
         raise UsageError(f"--max-steps and --save-steps must be >= 1, got {args.max_steps} and {args.save_steps}")
+    if args.save_total_limit is not None and args.save_total_limit < 1:
+        raise UsageError(f"--save-total-limit must be >= 1, got {args.save_total_limit}")
     recipe = RECIPES[args.task]
     overrides = parse_overrides(args.overrides)
     try:
@@ -136,9 +149,9 @@ def train(args) -> int:
     out = args.output_dir
     run = {"algo": args.algo, "task": args.task, "model_size": args.model_size, "seed": args.seed,
            "overrides": overrides, "config": dataclasses.asdict(config)}
-    checkpoints = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])) if out.is_dir() else []
+    checkpoints = list_checkpoints(out)  # complete ones only: temporary folders are not listed
     if args.resume:
-        if not checkpoints:
+        if not checkpoints and not (out / "run.json").is_file():
             raise UsageError(f"--resume: {out} holds no checkpoint-<step> folder to resume from")
         if not (out / "run.json").is_file():
             raise UsageError(f"--resume: {out} has checkpoints but no run.json: it was not written by rlbook train")
@@ -178,23 +191,21 @@ def train(args) -> int:
         raise UsageError(f"bad configuration: {error}") from None
     metrics_path = out / "metrics.jsonl"
     if args.resume:
-        try:
-            trainer.resume(checkpoints[-1])
-        except ValueError as error:
-            raise UsageError(f"--resume: {error}") from None
+        resume_from_newest_readable(trainer, checkpoints, out)
         if world.is_main:
-            kept = [line for line in metrics_path.read_text().splitlines()
-                    if json.loads(line)["step"] <= trainer.step] if metrics_path.exists() else []
-            metrics_path.write_text("".join(line + "\n" for line in kept))  # drop steps logged after the checkpoint
+            remove_leftovers(out)  # temporary files of a process killed while saving
+            truncate_metrics(metrics_path, trainer.step)
             print(f"resumed {out} at step {trainer.step}", file=sys.stderr)
     elif world.is_main:
-        (out / "run.json").write_text(json.dumps({**run, "world_size": world.size}, indent=1) + "\n")
+        run_json = json.dumps({**run, "world_size": world.size}, indent=1) + "\n"
+        atomic_write_text(out / "run.json", run_json)
     if world.is_main:
         trainer.callbacks += [MetricsLogger(metrics_path)]
-    trainer.callbacks += [CheckpointSaver(out, args.save_steps or args.max_steps)]  # saves on rank 0 only
+    saver = CheckpointSaver(out, args.save_steps or args.max_steps, keep_last=args.save_total_limit)
+    trainer.callbacks += [saver]  # saves on rank 0 only
     trainer.train(args.max_steps - trainer.step, progress=not args.no_progress)
     if not (out / f"checkpoint-{trainer.step}").exists():
-        trainer.save_checkpoint(out / f"checkpoint-{trainer.step}")
+        saver.save(trainer)
     barrier(world)
     last = trainer.history[-1] if trainer.history else {}
     if world.is_main:
@@ -202,6 +213,47 @@ def train(args) -> int:
               f"metrics in {metrics_path}" + (f" ({world.size} processes)" if world.distributed else ""),
               file=sys.stderr)
     return 0
+
+
+def resume_from_newest_readable(trainer, checkpoints: list[Path], out: Path) -> None:
+    """Load the newest of ``checkpoints`` that can be read into ``trainer``, warning on stderr about
+    each one skipped; with no checkpoint at all (a run killed before its first save) it starts from
+    step 0."""
+    from rlbook.files import CheckpointError
+
+    for path in reversed(checkpoints):
+        try:
+            trainer.resume(path)
+            return
+        except ValueError as error:
+            raise UsageError(f"--resume: {error}") from None
+        except CheckpointError as error:
+            print(f"warning: {error}; trying the previous checkpoint", file=sys.stderr)
+    if checkpoints:
+        raise CheckpointError(f"--resume: none of the {len(checkpoints)} checkpoints in {out} "
+                              "can be read")
+    print(f"warning: {out} holds no checkpoint yet; starting again from step 0", file=sys.stderr)
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Keep the lines of ``metrics.jsonl`` up to ``step`` (those logged after the checkpoint are
+    logged again), dropping a line cut mid-write by a killed process; rewritten atomically."""
+    from rlbook.files import atomic_write_text
+
+    if not path.exists():
+        return
+    kept, damaged = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            damaged += 1
+            continue
+        if record["step"] <= step:
+            kept.append(line)
+    if damaged:
+        print(f"warning: dropped {damaged} damaged line(s) of {path}", file=sys.stderr)
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,6 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except RuntimeError as error:  # a checkpoint that cannot be written or read: one line, exit 1
+        from rlbook.files import CheckpointError
+
+        if not isinstance(error, CheckpointError):
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

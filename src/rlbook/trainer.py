@@ -42,6 +42,7 @@ from rlbook.distributed import (
     row_offsets,
     shard_groups,
 )
+from rlbook.files import read_checkpoint, write_checkpoint
 from rlbook.lm import autocast
 from rlbook.lm.moe import expert_choices, is_moe, replay_routes, routers
 from rlbook.lm.value import build_value_model, token_values
@@ -578,12 +579,14 @@ class Trainer:
     # --- saving and resuming --------------------------------------------------------------------------------
 
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Everything needed to continue: weights, optimizer state, step, history and config. Under torchrun only
-        rank 0 writes (every process holds the same state)."""
+        """Everything needed to continue: weights, optimizer state, step, history and config, in
+        ``path/trainer_state.pt``. The folder appears complete or not at all, even if the process is
+        killed while writing (:func:`rlbook.files.write_checkpoint`); a failure raises
+        :class:`rlbook.files.CheckpointError` and leaves earlier checkpoints intact. Under torchrun
+        only rank 0 writes (every process holds the same state)."""
         path = Path(path)
         if not self.world.is_main:
             return path
-        path.mkdir(parents=True, exist_ok=True)
         state = {
             "policy": self.policy.state_dict(),
             "value_model": self.value_model.state_dict() if self.value_model is not None else None,
@@ -596,13 +599,13 @@ class Trainer:
             "value_pretrain_history": self.value_pretrain_history,
             "config": dataclasses.asdict(self.config),
         }
-        torch.save(state, path / "trainer_state.pt")
-        return path
+        return write_checkpoint(state, path)
 
     def resume(self, path: str | Path) -> Trainer:
-        """Load a :meth:`save_checkpoint` folder into this trainer (built with the same config, ``max_steps`` aside:
-        a run may be extended) and continue."""
-        state = torch.load(Path(path) / "trainer_state.pt", map_location=self.device, weights_only=False)
+        """Load a :meth:`save_checkpoint` folder into this trainer (built with the same config,
+        ``max_steps`` aside: a run may be extended) and continue. An unreadable checkpoint raises
+        :class:`rlbook.files.CheckpointError`, a checkpoint of another config ``ValueError``."""
+        state = read_checkpoint(path, self.device)
         ours = dataclasses.asdict(self.config)
         changed = sorted(k for k in set(state["config"]) | set(ours)
                          if k != "max_steps" and state["config"].get(k) != ours.get(k))
