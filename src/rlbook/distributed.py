@@ -142,7 +142,8 @@ def global_share(local, total, world: World):
     return world.size * local / total if total > 0 else 0.0
 
 
-SUMMED_METRICS = ("num_completions", "dynamic_sampling/groups")  # counts of the whole step
+# counts of the whole step
+SUMMED_METRICS = ("num_completions", "dynamic_sampling/groups", "nonfinite_rewards/groups_skipped")
 
 
 def reduce_metrics(metrics: dict, world: World) -> dict:

@@ -24,6 +24,9 @@ METRICS: dict[str, str] = {
                             "with dynamic sampling, measured on the first generation round, before filtering",
     "num_completions": "completions sampled this step, every generation round included (dynamic sampling draws "
                        "more than it trains on): the cost in samples",
+    "nonfinite_rewards/groups_skipped": "groups dropped from the step's rollout because the reward function "
+                                        "returned a non-finite reward for one of their completions (logged with "
+                                        "nonfinite_rewards='skip_group'; every generation round counted)",
     "completions/mean_length": "mean completion length in tokens (EOS included) of the step's completions",
     "completions/min_length": "shortest completion of the step, in tokens",
     "completions/max_length": "longest completion of the step, in tokens",

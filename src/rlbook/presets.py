@@ -109,6 +109,9 @@ class RLConfig:
     # the routers' weights in their own AdamW group at this learning rate (None: learning_rate), a router that moves
     # faster than the rest of a MoE policy
     router_learning_rate: float | None = None
+    # --- non-finite rewards: "raise" (an error naming the step and the completion), or "skip_group" (drop the
+    # groups holding one from the step's rollout, counted in nonfinite_rewards/groups_skipped)
+    nonfinite_rewards: str = "raise"
     # --- the run
     max_steps: int = 100
     seed: int = 0
@@ -243,7 +246,8 @@ def _check(c: RLConfig) -> None:
                           ("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS), ("kl_placement", KL_PLACEMENTS),
                           ("scale_rewards", ("group", "batch", "none")),
                           ("gfpo_metric", ("length", "token_efficiency")), ("value_init", ("policy", "random")),
-                          ("old_logprobs", ("learner", "sampler"))):
+                          ("old_logprobs", ("learner", "sampler")),
+                          ("nonfinite_rewards", ("raise", "skip_group"))):
         if getattr(c, name) not in choices:
             raise ValueError(f"unknown {name} {getattr(c, name)!r}; choose one of {choices}")
     for name in ("learning_rate", "temperature", "epsilon", "max_grad_norm", "beta", "weight_decay", "gamma", "lam",

@@ -233,10 +233,10 @@ class Trainer:
         rewards differ, see :func:`rlbook.rollout.dynamic_sampling`); this process's share of them under
         ``torchrun``."""
         config, G, shard = self.config, self.config.num_generations, self._prompt_shard
-        time_reward, num_completions = 0.0, 0
+        time_reward, num_completions, groups_skipped = 0.0, 0, 0
 
         def sample_round(round_: int) -> Rollout:
-            nonlocal time_reward, num_completions
+            nonlocal time_reward, num_completions, groups_skipped
             prompt_seed = [config.seed, step] + ([round_] if round_ else [])
             examples = self.task.sample(config.num_prompts, split="train",
                                         seed=np.random.default_rng(prompt_seed))[shard]
@@ -249,8 +249,12 @@ class Trainer:
             timer = time.perf_counter()
             num_completions += len(batch)
             completions = batch.decode_completions(self.tokenizer)
-            rollout = Rollout(batch, examples, completions, self._rewards(examples, completions, batch))
+            rewards = self._rewards(examples, completions, batch, step=step)
+            rollout = Rollout(batch, examples, completions, rewards)
             time_reward += time.perf_counter() - timer
+            if config.nonfinite_rewards == "skip_group":
+                rollout, skipped = self._skip_nonfinite_groups(rollout, step)
+                groups_skipped += skipped
             return rollout
 
         if config.dynamic_sampling:
@@ -261,23 +265,47 @@ class Trainer:
             rollout.metrics["frac_reward_zero_std"] = float(np.mean(~informative_groups(rollout.rewards, G)))
         rollout.metrics["time/reward"] = time_reward
         rollout.metrics["num_completions"] = num_completions
+        if config.nonfinite_rewards == "skip_group":
+            rollout.metrics["nonfinite_rewards/groups_skipped"] = groups_skipped
         return rollout
+
+    def _skip_nonfinite_groups(self, rollout: Rollout, step: int) -> tuple[Rollout, int]:
+        """``nonfinite_rewards="skip_group"``: the rollout without the groups that hold a
+        non-finite reward, and their number; an error naming the step when no group is left."""
+        G = self.config.num_generations
+        finite = np.isfinite(rollout.rewards).reshape(-1, G).all(-1)
+        if finite.all():
+            return rollout, 0
+        if not finite.any():
+            raise ValueError(f"step {step}: the reward function returned a non-finite reward in "
+                             f"every one of the {len(finite)} groups; nonfinite_rewards="
+                             "'skip_group' left nothing to train on")
+        return rollout.select_groups(np.flatnonzero(finite).tolist()), int((~finite).sum())
 
     def _per_completion(self, examples) -> list:
         """The prompts' examples repeated once per completion, in the rollout's row order (B,)."""
         return [e for e in examples for _ in range(self.config.num_generations)]
 
-    def _rewards(self, examples, completions: list[str], batch: RolloutBatch, reward_fn=None) -> np.ndarray:
-        """``reward_fn``'s (default: the trainer's) reward of every completion, (B,) float64; a wrong shape or a
-        non-finite reward is an error that names the completion."""
+    def _rewards(self, examples, completions: list[str], batch: RolloutBatch, reward_fn=None,
+                 step: int | None = None) -> np.ndarray:
+        """``reward_fn``'s (default: the trainer's) reward of every completion, (B,) float64; a wrong
+        shape is an error, and so is a non-finite reward unless ``nonfinite_rewards="skip_group"``
+        (then the caller drops its group): the error names the step and the completion."""
         repeated = self._per_completion(examples)
         reward_fn = reward_fn or self.reward_fn
-        rewards = np.asarray(reward_fn(repeated, completions, batch.truncated.tolist()), dtype=np.float64)
-        if rewards.shape != (len(batch),) or not np.isfinite(rewards).all():
-            bad = np.flatnonzero(~np.isfinite(rewards)).tolist() if rewards.shape == (len(batch),) else []
-            raise ValueError(f"the reward function must return {len(batch)} finite rewards, got shape "
-                             f"{rewards.shape} with {int((~np.isfinite(rewards)).sum())} non-finite"
-                             + (f" (first: completion {bad[0]}, {completions[bad[0]]!r})" if bad else ""))
+        rewards = np.asarray(reward_fn(repeated, completions, batch.truncated.tolist()),
+                             dtype=np.float64)
+        step = self.step if step is None else step
+        if rewards.shape != (len(batch),):
+            raise ValueError(f"step {step}: the reward function must return {len(batch)} finite "
+                             f"rewards, got shape {rewards.shape}")
+        bad = np.flatnonzero(~np.isfinite(rewards)).tolist()
+        if bad and self.config.nonfinite_rewards == "raise":
+            raise ValueError(f"step {step}: the reward function must return finite rewards; it "
+                             f"returned {rewards[bad[0]]} for completion {bad[0]} "
+                             f"({completions[bad[0]]!r}), {len(bad)} non-finite of {len(batch)} in "
+                             "all. Fix the reward function, or pass nonfinite_rewards="
+                             "'skip_group' to drop the groups that hold them")
         return rewards
 
     @torch.no_grad()
@@ -437,6 +465,7 @@ class Trainer:
                           for p in group["params"] if p.grad is not None]
                 if params:
                     grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                    self._check_finite("the gradient norm", grad_norm)
                     sums.setdefault("grad_norm", []).append(grad_norm.item())
                     self.optimizer.step()
                     optimizer_steps += 1
@@ -456,6 +485,14 @@ class Trainer:
         if config.early_stop_kl is not None:
             reduced["early_stopped"] = float(stopped)
         return reduced
+
+    def _check_finite(self, source: str, x: torch.Tensor) -> None:
+        """Refuse a non-finite loss, log-prob or gradient norm before it reaches the optimizer (so
+        the weights never hold NaN), naming the step and where it came from."""
+        if not bool(torch.isfinite(x).all()):
+            bad = x.detach().flatten()[~torch.isfinite(x.detach().flatten())]
+            raise ValueError(f"step {self.step}: {source} is not finite ({bad[0].item()}); the "
+                             "optimizer step was not taken, so the weights are unchanged by it")
 
     def _kept_rows(self, scored: ScoredRollout, rows: torch.Tensor) -> torch.Tensor:
         """``rows`` without those that have no loss token (GFPO's filtered-out, DAPO's overlong), which add
@@ -504,6 +541,7 @@ class Trainer:
             logp, values = self._learner(input_ids, attention_mask, mask, config.temperature,
                                          with_policy=with_policy, routes=routes)
             if with_policy:
+                self._check_finite("the policy's log-probs (logp)", logp[loss_mask.bool()])
                 kl_in_loss = self.kl_coef if config.kl_placement == "loss" else 0.0
                 weights = None
                 # λ-GRPO: the weights of whole groups, then these rows'
@@ -520,6 +558,7 @@ class Trainer:
                     importance_sampling_level=config.importance_sampling_level,
                     response_weights=weights,
                 )
+                self._check_finite("the policy loss", loss)
                 metrics["loss/policy"] = loss.item()
                 if counts is not None:  # this process's share of the loss over all processes' rows
                     if config.loss_type == "dapo":  # already divided by the step's global tokens
@@ -539,6 +578,7 @@ class Trainer:
             if values is not None:
                 v_loss = value_loss(values, scored.old_values[rows], scored.returns[rows], mask,
                                     config.cliprange_value)
+                self._check_finite("the value loss", v_loss)
                 metrics["loss/value"] = v_loss.item()
                 if counts is not None:
                     v_loss = v_loss * global_share(mask.sum(), counts[3], world)
