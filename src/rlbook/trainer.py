@@ -288,9 +288,9 @@ class Trainer:
 
     def _rewards(self, examples, completions: list[str], batch: RolloutBatch, reward_fn=None,
                  step: int | None = None) -> np.ndarray:
-        """``reward_fn``'s (default: the trainer's) reward of every completion, (B,) float64; a wrong
-        shape is an error, and so is a non-finite reward unless ``nonfinite_rewards="skip_group"``
-        (then the caller drops its group): the error names the step and the completion."""
+        """``reward_fn``'s (default: the trainer's) reward of every completion, (B,) float64; a
+        wrong shape is an error, and so is a non-finite reward unless ``nonfinite_rewards=
+        "skip_group"`` (then the caller drops its group): it names the step and the completion."""
         repeated = self._per_completion(examples)
         reward_fn = reward_fn or self.reward_fn
         rewards = np.asarray(reward_fn(repeated, completions, batch.truncated.tolist()),
