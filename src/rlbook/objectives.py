@@ -70,7 +70,7 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") ->
     and ≥ 0, since E_π[e^δ] = 1 and e^x ≥ 1 + x). GRPO puts β·k3 in its loss.
     """
     if kind not in KL_KINDS:
-        raise ValueError(f"unknown KL estimator {kind!r}; choose one of {KL_KINDS}")
+        raise ValueError(f"unknown KL estimator {kind!r}; kind must be one of {KL_KINDS}")
     _check_same_shape(logp=logp, ref_logp=ref_logp)
     delta = ref_logp - logp
     if kind == "k1":
@@ -155,6 +155,8 @@ def group_advantages(
     if scale_rewards not in ("group", "batch", "none"):
         raise ValueError(f"unknown scale_rewards {scale_rewards!r}; choose 'group', 'batch' or "
                          "'none'")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
     if scale_rewards != "none" and G < 2:
         raise ValueError(f"scale_rewards={scale_rewards!r} needs num_generations >= 2 for a "
                          f"standard deviation, got {G}")
@@ -176,7 +178,8 @@ def group_advantages(
     else:
         batch_mean = (rewards * keep).sum() / keep.sum().clamp(min=1)
         std = (((rewards - batch_mean) * keep) ** 2).sum().div((keep.sum() - 1).clamp(min=1)).sqrt()
-    return (centred / (std + eps)).flatten()
+    # std + eps is 0 only with eps = 0 and equal rewards, where centred is 0: advantage 0, not 0/0
+    return (centred / (std + eps)).where(std + eps > 0, 0.0).flatten()
 
 
 def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
@@ -213,7 +216,10 @@ def gfpo_keep_mask(
     if metric not in ("length", "token_efficiency"):
         raise ValueError(f"unknown GFPO metric {metric!r}; choose 'length' or 'token_efficiency'")
     N = rewards.numel() // G
-    k = torch.as_tensor(k, device=rewards.device).expand(N)
+    k = torch.as_tensor(k, device=rewards.device)
+    if k.shape not in ((), (N,)):
+        raise ValueError(f"k must be one number or one per group, ({N},), got shape {tuple(k.shape)}")
+    k = k.expand(N)
     if bool(((k < 1) | (k > G)).any()):
         raise ValueError(f"k must lie in [1, num_generations = {G}] for every group, got "
                          f"{k.tolist()}")
@@ -238,8 +244,11 @@ def gfpo_adaptive_k(rewards: torch.Tensor, num_generations: int,
     """
     G = _check_groups(rewards, num_generations)
     k_values = torch.as_tensor(k_by_difficulty, device=rewards.device)
+    if k_values.dim() != 1 or len(k_values) == 0:
+        raise ValueError("k_by_difficulty must be a non-empty sequence of k, one per difficulty "
+                         f"bucket, got {k_by_difficulty!r}")
     if bool(((k_values < 1) | (k_values > G)).any()):
-        raise ValueError(f"every k must lie in [1, num_generations = {G}], got "
+        raise ValueError(f"every k must lie in [1, num_generations = {G}], got k_by_difficulty="
                          f"{list(k_by_difficulty)}")
     means = rewards.view(-1, G).mean(-1)
     N = means.numel()
@@ -299,12 +308,15 @@ def lambda_grpo_softmax(
         raise ValueError(f"lengths must be finite, got {lengths.tolist()[:8]}")
     if bool((lengths < 1).any()):
         rows = (lengths < 1).nonzero().flatten().tolist()
-        raise ValueError(f"completions {rows[:5]} have no token (an all-masked row): every length "
+        raise ValueError(f"completions {rows[:5]} have no token (an all-masked row): lengths "
                          "must be >= 1")
     groups = lengths.to(torch.float32).view(-1, G)
     z = (groups - groups.mean(-1, keepdim=True)) / (groups.std(-1, keepdim=True) + eps)
     h = (1 + r * z).clamp(min=h_min)
-    return torch.softmax(h**lam, dim=-1).flatten()
+    # h^λ overflows float32 for large |λ| (h_min^λ with λ <= -13): the largest float keeps softmax
+    # finite (it subtracts the maximum), and leaves every finite h^λ as it is
+    power = torch.nan_to_num(h**lam, posinf=torch.finfo(h.dtype).max)
+    return torch.softmax(power, dim=-1).flatten()
 
 
 def lambda_grpo_weights(
@@ -357,6 +369,8 @@ def rlhf_token_rewards(
     """
     if beta < 0 or not math.isfinite(beta):
         raise ValueError(f"beta must be a finite number >= 0, got {beta}")
+    if kl_kind not in KL_KINDS:
+        raise ValueError(f"unknown kl_kind {kl_kind!r}; choose one of {KL_KINDS}")
     _check_same_shape(logp=logp, ref_logp=ref_logp, mask=mask)
     mask = mask.bool()
     if scores.shape != logp.shape[:1]:
@@ -366,7 +380,7 @@ def rlhf_token_rewards(
         raise ValueError(f"scores must be finite, got {scores.tolist()}")
     lengths = mask.sum(-1)
     if not bool((lengths > 0).all()):
-        raise ValueError("every row needs at least one completion token; rows "
+        raise ValueError("every row of mask needs at least one completion token; rows "
                          f"{(lengths == 0).nonzero().flatten().tolist()} have none")
     _check_right_padded(mask)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
@@ -434,6 +448,9 @@ def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
 
     Sequence levels need at least one masked token per row.
     """
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"unknown importance_sampling_level {importance_sampling_level!r}; "
+                         f"choose one of {IMPORTANCE_SAMPLING_LEVELS}")
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     token = torch.where(mask, logp - old_logp, zero)  # padding may hold garbage: keep it out of exp
     if importance_sampling_level == "token":
@@ -472,6 +489,10 @@ def gmpo_surrogate(
     min(Δ, clip(Δ, −ε, ε_high)); A ≤ 0: max(Δ, clip(Δ, −ε, ε_high))), and the loss is
     −A_i · exp(Σ_t m Δ̃_t / |o_i|): the advantage times the *geometric* mean of the clipped token
     ratios. ε is in log space (0.4 in GMPO)."""
+    if not bool((mask.sum(-1) > 0).all()):
+        rows = (mask.sum(-1) == 0).nonzero().flatten().tolist()
+        raise ValueError(f"rows {rows[:5]} of mask have no token: GMPO's geometric mean needs at "
+                         "least one")
     # constant over a row for the group methods
     row_advantage = masked_mean(advantages, mask, dim=-1)
     positive = (row_advantage > 0)[:, None]
@@ -535,6 +556,7 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, 
     accumulated gradient is their average; "dapo" already divides by the whole batch's token count.
     ("gmpo" has its own per-completion loss, :func:`gmpo_surrogate`, and is averaged like
     "grpo".)"""
+    _check_accumulation(gradient_accumulation_steps)
     if loss_type == "dapo":
         return global_token_mean(per_token, mask, num_items_in_batch)
     if loss_type in ("grpo", "gmpo"):
@@ -588,7 +610,8 @@ def policy_loss(
     """
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
     _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_type,
-                            importance_sampling_level, beta, ref_logp, response_weights)
+                            importance_sampling_level, beta, ref_logp, response_weights,
+                            gradient_accumulation_steps)
     mask = mask.bool()
     if advantages.shape == logp.shape[:1]:
         advantages = advantages[:, None].expand_as(logp)
@@ -639,7 +662,7 @@ def policy_loss(
 
 
 def _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_type, importance_sampling_level, beta,
-                            ref_logp, response_weights) -> None:
+                            ref_logp, response_weights, gradient_accumulation_steps=1) -> None:
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"unknown loss_type {loss_type!r}; choose one of {LOSS_TYPES}")
     if not epsilon > 0 or not epsilon_high > 0:
@@ -651,6 +674,7 @@ def _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_ty
                          f"choose one of {IMPORTANCE_SAMPLING_LEVELS}")
     if beta < 0 or not math.isfinite(beta):
         raise ValueError(f"beta must be a finite number >= 0, got {beta}")
+    _check_accumulation(gradient_accumulation_steps)
     _check_same_shape(logp=logp, old_logp=old_logp, mask=mask)
     if logp.dim() != 2:
         raise ValueError(f"logp, old_logp and mask must be (B, T), got shape {tuple(logp.shape)}")
@@ -727,6 +751,11 @@ def _check_same_shape(**tensors: torch.Tensor) -> None:
         raise ValueError("shape mismatch: " + ", ".join(f"{name} {shape}" for name, shape in shapes.items()))
 
 
+def _check_accumulation(gradient_accumulation_steps) -> None:
+    if not gradient_accumulation_steps >= 1:
+        raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}")
+
+
 def _check_finite(name: str, x: torch.Tensor, mask: torch.Tensor) -> None:
     bad = ~torch.isfinite(x) & mask.bool()
     if bool(bad.any()):
@@ -794,7 +823,8 @@ def dpo_loss(
                    ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
     _check_same_shape(**tensors)
     if chosen_logps.dim() != 1 or chosen_logps.numel() == 0:
-        raise ValueError("DPO log-probs must be (N,) with N >= 1 (one per pair), got "
+        raise ValueError("DPO log-probs (chosen_logps, ...) must be (N,) with N >= 1, one per "
+                         "pair, got "
                          f"{tuple(chosen_logps.shape)}")
     for name, x in tensors.items():
         if not bool(torch.isfinite(x).all()):
