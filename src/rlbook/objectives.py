@@ -218,7 +218,8 @@ def gfpo_keep_mask(
     N = rewards.numel() // G
     k = torch.as_tensor(k, device=rewards.device)
     if k.shape not in ((), (N,)):
-        raise ValueError(f"k must be one number or one per group, ({N},), got shape {tuple(k.shape)}")
+        raise ValueError(f"k must be one number or one per group, ({N},), got shape "
+                         f"{tuple(k.shape)}")
     k = k.expand(N)
     if bool(((k < 1) | (k > G)).any()):
         raise ValueError(f"k must lie in [1, num_generations = {G}] for every group, got "
@@ -753,7 +754,8 @@ def _check_same_shape(**tensors: torch.Tensor) -> None:
 
 def _check_accumulation(gradient_accumulation_steps) -> None:
     if not gradient_accumulation_steps >= 1:
-        raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}")
+        raise ValueError("gradient_accumulation_steps must be >= 1, got "
+                         f"{gradient_accumulation_steps}")
 
 
 def _check_finite(name: str, x: torch.Tensor, mask: torch.Tensor) -> None:
