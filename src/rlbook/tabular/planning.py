@@ -146,6 +146,7 @@ def value_iteration(
     """
     if not tol > 0:
         raise ValueError(f"tol must be positive, got {tol}")
+    _check_max_iterations(max_iterations)
     V = np.zeros(mdp.num_states) if V0 is None else np.asarray(V0, dtype=float).copy()
     if V.shape != (mdp.num_states,):
         raise ValueError(f"V0 must have shape ({mdp.num_states},), got {V.shape}")
@@ -168,6 +169,7 @@ def policy_iteration(mdp: FiniteMDP, policy=None,
     Returns ``(V, policy, iterations)``. The initial policy defaults to action 0 everywhere; with
     ``gamma = 1`` pass one that terminates (a proper policy), or evaluation is singular.
     """
+    _check_max_iterations(max_iterations)
     policy = np.zeros(mdp.num_states, dtype=int) if policy is None else np.asarray(policy)
     if policy.shape != (mdp.num_states,) or not np.issubdtype(policy.dtype, np.integer):
         raise ValueError(f"policy must be one integer action per state, shape ({mdp.num_states},)")
@@ -181,3 +183,8 @@ def policy_iteration(mdp: FiniteMDP, policy=None,
             return V, policy, iteration
         policy = improved
     raise RuntimeError(f"policy iteration did not stabilise in {max_iterations} iterations")
+
+
+def _check_max_iterations(max_iterations: int) -> None:
+    if isinstance(max_iterations, bool) or not isinstance(max_iterations, (int, np.integer)) or max_iterations < 1:
+        raise ValueError(f"max_iterations must be an integer >= 1, got {max_iterations!r}")

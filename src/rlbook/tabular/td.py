@@ -214,6 +214,9 @@ def sarsa(
 def greedy_rollout(env, Q: np.ndarray, max_steps: int = 200, seed: int = 0) -> tuple[list[int], float]:
     """Follow the greedy action of ``Q`` (lowest index among ties, :func:`rlbook.tabular.greedy.greedy_action`)
     from a reset; returns the visited states and the undiscounted return."""
+    shape = (int(env.observation_space.n), int(env.action_space.n))
+    if np.shape(Q) != shape:
+        raise ValueError(f"Q must have shape {shape} (states, actions), got {np.shape(Q)}")
     s, _ = env.reset(seed=seed)
     states, total = [int(s)], 0.0
     for _ in range(max_steps):
