@@ -138,3 +138,10 @@ def test_an_infinite_gradient_is_an_error_before_the_optimizer_step():
     with pytest.raises(ValueError, match="step 0: the gradient norm is not finite"):
         trainer.update(scored)
     assert all(torch.equal(before[k], v) for k, v in weights(trainer.policy).items())
+
+
+def test_the_trl_bridge_refuses_skip_group():
+    from rlbook.integrations.trl import unsupported
+
+    assert not unsupported(preset("grpo"))
+    assert any("nonfinite_rewards" in r for r in unsupported(preset("grpo", nonfinite_rewards="skip_group")))

@@ -58,7 +58,8 @@ The others map: ``"grpo"``, ``"trl_grpo"``, ``"dr_grpo"``, ``"reinforce_baseline
 
 Nor these settings, in any config: ``kl_placement="reward"`` with ``beta > 0`` (TRL puts the k3 KL in the loss),
 ``adaptive_kl_target``, ``early_stop_kl``, ``importance_sampling_level="sequence_token"``, ``routing_replay``,
-``router_learning_rate``, ``sampler_temperature``, ``old_logprobs="sampler"``, ``nll_coef``.
+``router_learning_rate``, ``sampler_temperature``, ``old_logprobs="sampler"``, ``nll_coef``,
+``nonfinite_rewards="skip_group"``.
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ def unsupported(config: RLConfig | str) -> list[str]:
         reasons.append("sampler_temperature: TRL samples and scores at one temperature")
     if c.old_logprobs == "sampler":
         reasons.append("old_logprobs='sampler': TRL's GRPOTrainer recomputes pi_old with the training forward")
+    if c.nonfinite_rewards == "skip_group":
+        reasons.append("nonfinite_rewards='skip_group': TRL does not drop the groups that hold a non-finite reward")
     if c.nll_coef > 0 and c.advantage_estimator != "vapo":
         reasons.append("nll_coef: TRL's GRPOTrainer has no NLL term on correct completions")
     return reasons
