@@ -7,7 +7,10 @@ Every ``check_<name>`` is wrapped by :func:`checker`, so that in a notebook
 - a wrong answer gives ``CheckFailed: ...``: the first mismatch and its index, the largest difference, a hint
   when the answer matches a known mistake, then the trial's inputs, numbers rounded to 4 significant digits
   and long lists cut (the seed and the trial number rebuild them exactly);
-- a crash of the reader's function shows the message and only the frames of the reader's own code.
+- a crash of the reader's function shows the message and only the frames of the reader's own code;
+- an answer of the wrong kind (``None``, a numpy array for a tensor, the wrong shape) is named as such, from
+  the exercise's ``reference_<name>`` called on copies of the same inputs, and the checker never crashes on
+  it: whatever its own code raises on the answer becomes a ``CheckFailed`` that says what it could not use.
 
 Both exceptions subclass the built-in ones (``NotImplementedError``, ``AssertionError``), so tests and scripts
 that catch those keep working; IPython prints them through their ``_render_traceback_``.
@@ -15,7 +18,10 @@ that catch those keep working; IPython prints them through their ``_render_trace
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
+import io
 import re
 import traceback
 from pathlib import Path
@@ -86,8 +92,12 @@ def checker(check: Callable) -> Callable:
     @functools.wraps(check)
     def wrapped(fn, *args, **kwargs):
         __tracebackhide__ = True  # pytest and IPython leave this frame out
+        reference = check.__globals__.get("reference_" + check.__name__.removeprefix("check_"))
+        recorder = _Recorder(fn, reference) if callable(fn) else None
+        printed = io.StringIO()
         try:
-            return check(fn, *args, **kwargs)
+            with contextlib.redirect_stdout(printed):  # "ok" only once the answer's type is known right
+                result = check(recorder or fn, *args, **kwargs)
         except (ExerciseNotDone, CheckFailed):
             raise
         except NotImplementedError as error:
@@ -96,9 +106,115 @@ def checker(check: Callable) -> Callable:
                 f"{name} is not written yet (it raises NotImplementedError: {error}); replace the raise with "
                 f"your solution and run this cell again") from None
         except AssertionError as error:
-            raise CheckFailed(short(str(error))) from error.__cause__
+            message = str(error)
+            if recorder is not None and recorder.problem and "returned" not in message:
+                message = f"{recorder.problem}\n{message}"
+            raise CheckFailed(short(message)) from error.__cause__
+        except Exception as error:  # noqa: BLE001 - the checker choked on the reader's answer: say on what
+            raise CheckFailed(short(_choked(recorder, error))) from error
+        if recorder is not None and recorder.problem:
+            raise CheckFailed(recorder.problem)
+        print(printed.getvalue(), end="")
+        return result
 
     return wrapped
+
+
+def _describe(value) -> str:
+    """``"a torch.Tensor of shape (4, 7)"``, ``"a numpy.ndarray of shape (4,)"``, ``"a float"``, ``"None"``."""
+    if value is None:
+        return "None"
+    kind = type(value)
+    name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__.split('.')[0]}.{kind.__name__}"
+    shape = getattr(value, "shape", None)
+    if isinstance(shape, tuple):
+        return f"a {name} of shape {tuple(shape)}"
+    return f"a {name}"
+
+
+def _choked(recorder, error: Exception) -> str:
+    """The message when a checker's own code raised on the reader's answer (an IndexError, TypeError, ...)."""
+    if recorder is not None and recorder.raised is not None:
+        raised = recorder.raised
+        return f"your function raised {type(raised).__name__}: {raised}"
+    if recorder is not None and recorder.problem:
+        return f"{recorder.problem}\n  (the checker stopped on it: {type(error).__name__}: {error})"
+    got = ""
+    if recorder is not None and recorder.calls:
+        got = f"your function returned {_describe(recorder.last)}; "
+    return (f"{got}the checker could not use your answer ({type(error).__name__}: {error}); "
+            f"check the type, shape and values that the exercise asks for")
+
+
+def _copy(value):
+    """A copy of an argument for the reference, so that an in-place reference leaves the reader's inputs alone."""
+    if hasattr(value, "detach") and hasattr(value, "clone"):
+        return value.detach().clone()
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - not copyable: the reference gets the object itself
+        return value
+
+
+class _Recorder:
+    """The reader's function as the checker calls it. It remembers the last result (or exception) and, when the
+    exercise has a reference (``reference_<name>`` next to ``check_<name>``), the first result whose type or
+    shape differs from the reference's on (a copy of) the same arguments: ``None``, a numpy array for a tensor,
+    a list, the wrong shape. :func:`checker` reports that problem when the check crashes on it, or passes."""
+
+    def __init__(self, fn: Callable, reference: Callable | None):
+        functools.update_wrapper(self, fn)
+        self._fn, self._reference = fn, reference
+        self.calls, self.last, self.raised, self.problem = 0, None, None, ""
+
+    def __call__(self, *args, **kwargs):
+        __tracebackhide__ = True
+        copies = None
+        if self._reference is not None:
+            copies = tuple(_copy(a) for a in args), {k: _copy(v) for k, v in kwargs.items()}
+        try:
+            result = self._fn(*args, **kwargs)
+        except Exception as error:
+            self.raised = error
+            raise
+        self.calls, self.last, self.raised = self.calls + 1, result, None
+        if not self.problem:
+            self.problem = _wrong_kind(result, self._expected(copies))
+        return result
+
+    def _expected(self, copies):
+        if copies is None:
+            return _NOTHING
+        try:
+            return self._reference(*copies[0], **copies[1])
+        except Exception:  # noqa: BLE001 - no reference value for these arguments: no check
+            return _NOTHING
+
+
+_NOTHING = object()
+
+
+def _wrong_kind(got, expected) -> str:
+    """What is wrong with the type or shape of ``got`` next to the reference's ``expected`` ("" if nothing)."""
+    if expected is _NOTHING:
+        return "your function returned None; it must return a value (a missing return?)" if got is None else ""
+    want = _describe(expected)
+    if got is None:
+        return f"your function returned None; expected {want} (a missing return?)"
+    import torch
+
+    if isinstance(expected, torch.Tensor) and not isinstance(got, torch.Tensor):
+        return f"your function returned {_describe(got)}; expected {want} (torch.as_tensor converts it)"
+    if isinstance(expected, np.ndarray) and expected.ndim and not isinstance(got, np.ndarray):
+        extra = " (.numpy() converts a tensor)" if isinstance(got, torch.Tensor) else ""
+        return f"your function returned {_describe(got)}; expected {want}{extra}"
+    if isinstance(expected, (float, int, np.number)) and not isinstance(expected, bool):
+        if not isinstance(got, (float, int, np.number)) and getattr(got, "shape", None) != ():
+            return f"your function returned {_describe(got)}; expected a number"
+    shape, want_shape = getattr(got, "shape", None), getattr(expected, "shape", None)
+    if shape is not None and want_shape is not None and tuple(shape) != tuple(want_shape):
+        return f"your function returned shape {tuple(shape)} but expected {tuple(want_shape)}"
+    return ""
 
 
 def show(value, limit: int = 8) -> str:
@@ -136,6 +252,8 @@ def assert_close(got, expected, what: str, atol: float = 1e-8, rtol: float = 1e-
         message = (f"{what}: expected {expected_array[first]:.4g}, got {got_array[first]:.4g} at index "
                    f"{first if len(first) > 1 else first[0]} (the first of {int(wrong.sum())} wrong values out of "
                    f"{wrong.size}; largest difference {largest:.3g})")
+        if np.isnan(got_array).any() and not np.isnan(expected_array).any():
+            message += f"\n  your result contains NaN at {int(np.isnan(got_array).sum())} places"
     raise AssertionError(message + _hint_line(hint) + (f"\n{inputs}" if inputs else ""))
 
 
@@ -169,7 +287,7 @@ def call_reader(fn: Callable, args: tuple, inputs: str | Callable[[], str], kwar
     """
     try:
         return fn(*args, **(kwargs or {}))
-    except NotImplementedError:
+    except (NotImplementedError, CheckFailed):
         raise
     except Exception as error:  # noqa: BLE001 - any crash of the reader's code is reported with its inputs
         shown = inputs() if callable(inputs) else inputs

@@ -78,3 +78,10 @@ def check_lambda_grpo_weights(fn: Callable, num_trials: int = NUM_TRIALS, seed: 
         hint = _hint(got, lengths.numpy(), G, lam, r) if got.shape == expected.shape else ""
         assert_close(got, expected, "lambda-GRPO weights f", atol=1e-4, rtol=1e-4, hint=hint, inputs=inputs)
     print("ok")
+
+
+def reference_lambda_grpo_weights(*args, **kwargs):
+    """The package's :func:`rlbook.objectives.lambda_grpo_weights` (the reference of the checker)."""
+    from rlbook.objectives import lambda_grpo_weights
+
+    return lambda_grpo_weights(*args, **kwargs)

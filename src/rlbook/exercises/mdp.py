@@ -218,3 +218,22 @@ def check_average_reward(fn: Callable, count: int = 30) -> None:
         got = call_reader(fn, (P.copy(), R.copy()), inputs)
         assert_close(got, expected, f"trial {case}: lim (1 - gamma) V_gamma", atol=1e-8, rtol=1e-6, inputs=inputs)
     print("ok")
+
+
+# ------------------------------------------------ references in the checkers' naming (used by ``checker``)
+def reference_iterative_policy_evaluation(mdp: FiniteMDP, policy: np.ndarray, tol: float) -> np.ndarray:
+    """V^pi by repeated Bellman expectation sweeps from V = 0 until a sweep moves V by at most ``tol``."""
+    V = np.zeros(mdp.num_states)
+    while True:
+        V_next = bellman_expectation_operator(mdp, V, policy)
+        if np.max(np.abs(V_next - V)) <= tol:
+            return V_next
+        V = V_next
+
+
+def reference_q_value_iteration_step(mdp: FiniteMDP, Q: np.ndarray) -> np.ndarray:
+    """One sweep of Q-value iteration: ``r(s, a) + gamma * sum_s' p(s' | s, a) max_a' Q(s', a')``."""
+    return mdp.expected_reward + mdp.gamma * mdp.continuation @ Q.max(axis=1)
+
+
+reference_average_reward = average_reward_reference

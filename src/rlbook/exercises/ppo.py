@@ -123,3 +123,6 @@ def check_clipped_objective(fn: Callable) -> None:
         assert_close(grad, expected_grad, f"gradient of the clipped objective in the ratio ({shown()})",
                      atol=1e-12, rtol=1e-9)
     print("ok")
+
+
+reference_gae_loop = reference_gae  # the reference under the checker's name (used by ``checker``)
