@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 from dataclasses import dataclass
 
@@ -232,6 +233,21 @@ def check_keys(settings: dict) -> None:
             close = [OTHER_NAMES[key]] if key in OTHER_NAMES else difflib.get_close_matches(key, names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"unknown RLConfig key {key!r}{hint}")
+
+
+def _naming_unknown_keys(init):
+    """``RLConfig.__init__`` that names an unknown key and the field it probably means (:func:`check_keys`), where
+    the dataclass alone would say only "unexpected keyword argument"."""
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        check_keys(kwargs)
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+RLConfig.__init__ = _naming_unknown_keys(RLConfig.__init__)
 
 
 def _check(c: RLConfig) -> None:

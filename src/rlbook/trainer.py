@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlbook.advantages import ESTIMATORS, AdvantageInputs
+from rlbook.advantages import ESTIMATORS, VALUE_MODEL_ESTIMATORS, AdvantageInputs
 from rlbook.callbacks import MetricsLogger, ProgressBar, TrainerCallback
 from rlbook.distributed import (
     World,
@@ -99,6 +99,10 @@ class Trainer:
                 raise ValueError(f"{name} needs a mixture-of-experts policy, but "
                                  f"{type(policy).__name__} has no router; leave {name} unset")
         self.reference = _frozen_copy(policy) if config.beta > 0 else None
+        if value_model is not None and not config.needs_value_model:
+            raise ValueError(f"a value_model was given, but advantage_estimator="
+                             f"{config.advantage_estimator!r} uses none; drop value_model or use "
+                             f"an estimator that learns values {sorted(VALUE_MODEL_ESTIMATORS)}")
         if config.needs_value_model and value_model is None:
             value_model = build_value_model(policy, init=config.value_init, seed=config.seed)
         self.value_model = value_model if config.needs_value_model else None
