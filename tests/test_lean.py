@@ -51,6 +51,32 @@ def test_cached_decoding_equals_a_full_forward(tokenizer):
     assert torch.allclose(step[:, -1], full[:, -1], atol=AGREE, rtol=0)
 
 
+@pytest.mark.parametrize("capacity", [None, 3, 64])
+def test_the_cache_gives_the_same_numbers_preallocated_grown_or_repeated(tokenizer, capacity):
+    """Keys and values are stored repeated to the query heads, in buffers written in place (capacity 64), grown
+    past their room (capacity 3, then None): each step's hidden states equal those of a cache that stores the
+    key/value heads and repeats them at every step (what the attention computed before), bit for bit."""
+    model = build_model("tiny", seed=4)
+    ids, mask, positions = _batch(tokenizer)
+
+    class RepeatEveryStep(lean.LeanCache):  # the earlier layout: kv heads only, repeated inside the attention
+        def update(self, layer, k, v, groups=1):
+            return super().update(layer, k, v, groups=1)
+
+    caches = lean.LeanCache(capacity), RepeatEveryStep()
+    runs = []
+    for cache in caches:
+        steps = [lean.hidden_states(model, ids[:, :-3], mask[:, :-3], positions[:, :-3], cache)]
+        for t in (-3, -2, -1):
+            end = None if t == -1 else t + 1
+            steps.append(lean.hidden_states(model, ids[:, t:end], mask[:, :end], positions[:, t:end], cache))
+        runs.append(steps)
+    assert model.config.num_attention_heads > model.config.num_key_value_heads  # grouped-query attention
+    assert caches[0].keys[0].shape[1] == model.config.num_attention_heads
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
 def test_rollouts_and_logprobs_agree_with_the_hf_path(tokenizer):
     model = build_model("tiny", seed=5)
     prompts = ["1+2=", "33+44=", "q7: 9*10="]

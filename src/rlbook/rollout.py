@@ -319,7 +319,7 @@ def generate_rollouts(
     # per-call overhead of the Hugging Face modules, which dominates at these sizes); any other
     # model through its forward.
     use_lean = lean.supports(model)
-    cache = lean.LeanCache() if use_lean else DynamicCache(config=model.config)
+    cache = lean.LeanCache(capacity=P + T) if use_lean else DynamicCache(config=model.config)
     cache_kwarg = _cache_kwarg(model)
     head = model.get_output_embeddings()
 

@@ -48,20 +48,43 @@ def supports(model) -> bool:
 
 
 class LeanCache:
-    """Keys and values of every layer, (B, kv_heads, S, head_dim) each, grown by concatenation."""
+    """Keys and values of every layer for cached decoding, (B, heads, S, head_dim) each.
 
-    def __init__(self):
-        self.keys: list[torch.Tensor] = []
+    They are stored already repeated to the *query* heads (grouped-query attention shares each key/value head
+    among ``heads / kv_heads`` query heads): a position is repeated once, when it is written, rather than the
+    whole cache at every decode step, a copy that took half of a decode step's time. Attention reads the same
+    numbers either way.
+
+    ``capacity`` (positions, optional): room for that many positions is allocated at the first write, and each
+    later position is written in place; past the room (or without a capacity) the buffers double.
+    """
+
+    def __init__(self, capacity: int | None = None):
+        self.capacity = capacity
+        self.keys: list[torch.Tensor] = []  # (B, heads, room, d); positions [0, lengths[layer]) are filled
         self.values: list[torch.Tensor] = []
+        self.lengths: list[int] = []
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if layer == len(self.keys):
-            self.keys.append(k)
-            self.values.append(v)
-        else:
-            self.keys[layer] = torch.cat([self.keys[layer], k], dim=2)
-            self.values[layer] = torch.cat([self.values[layer], v], dim=2)
-        return self.keys[layer], self.values[layer]
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+               groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k``, ``v`` (B, kv_heads, L, d) to ``layer``'s cache, each key/value head repeated ``groups``
+        times; return every cached position, (B, kv_heads * groups, S, d) each (views of the buffers)."""
+        L = k.shape[2]
+        if layer == len(self.keys):  # the layer's first write: allocate
+            room = max(self.capacity or 0, L)
+            self.keys.append(k.new_empty((k.shape[0], k.shape[1] * groups, room, k.shape[3])))
+            self.values.append(v.new_empty((v.shape[0], v.shape[1] * groups, room, v.shape[3])))
+            self.lengths.append(0)
+        start = self.lengths[layer]
+        end = start + L
+        if end > self.keys[layer].shape[2]:  # full: double the room
+            self.keys[layer] = _grown(self.keys[layer], start, max(end, 2 * start))
+            self.values[layer] = _grown(self.values[layer], start, max(end, 2 * start))
+        for buffer, new in ((self.keys[layer], k), (self.values[layer], v)):
+            # (B, kv_heads, groups, L, d) view of the new columns; query head h reads key/value head h // groups
+            buffer[:, :, start:end].unflatten(1, (new.shape[1], groups)).copy_(new[:, :, None])
+        self.lengths[layer] = end
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         self.keys = [k.repeat_interleave(repeats, dim=0) for k in self.keys]
@@ -70,6 +93,13 @@ class LeanCache:
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self.keys = [k[indices] for k in self.keys]
         self.values = [v[indices] for v in self.values]
+
+
+def _grown(buffer: torch.Tensor, filled: int, room: int) -> torch.Tensor:
+    """``buffer`` (B, heads, old room, d) copied into a new one with ``room`` positions (the first ``filled``)."""
+    new = buffer.new_empty((*buffer.shape[:2], room, buffer.shape[3]))
+    new[:, :, :filled] = buffer[:, :, :filled]
+    return new
 
 
 def _rms_norm(module, x: torch.Tensor) -> torch.Tensor:
@@ -121,7 +151,8 @@ def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
         visible = _causal(visible, S, L, input_ids.device)
     for index, layer in enumerate(body.layers):
         q, k, v = (t.transpose(1, 2) for t in _rotated_qkv(layer, x, cos, sin))  # (B, heads, L, d)
-        k, v = cache.update(index, k, v)
+        # stored repeated to the query heads: _attend then repeats nothing
+        k, v = cache.update(index, k, v, groups=q.shape[1] // k.shape[1])
         out = _attend(layer.self_attn, q, k, v, visible).transpose(1, 2).reshape(B, L, -1)
         x = _attention_output_and_mlp(layer, x, out)
     return _rms_norm(body.norm, x)
@@ -138,10 +169,16 @@ def _attend(attn, q, k, v, visible):
     """Softmax attention of queries (B, heads, Lq, d) over keys (B, kv_heads, S, d), hiding where not ``visible``."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
     scores = (q @ k.transpose(-1, -2)) * attn.scaling  # (B, heads, Lq, S)
     scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
     return scores.softmax(-1, dtype=torch.float32).to(q.dtype) @ v
+
+
+def _repeat_heads(t: torch.Tensor, groups: int) -> torch.Tensor:
+    """``t.repeat_interleave(groups, dim=1)`` for (B, kv_heads, S, d), as a strided copy (half the time)."""
+    B, kv, S, d = t.shape
+    return t[:, :, None].expand(B, kv, groups, S, d).reshape(B, kv * groups, S, d)
 
 
 def _rotated_qkv(layer, x, cos, sin):
