@@ -9,13 +9,20 @@ per rollout, AdamW, gradient clipping at 1.0, 16 prompts x G = 8 completions per
 temperature 1, a constant learning rate (TRL's default schedule is a linear decay; our trainer has no schedule, so
 the bench sets TRL's to constant), float32 on the CPU, gradient checkpointing off.
 
+Models: the shipped arithmetic base policy (tiny, short answers), and fresh ``small`` and ``base`` models on its
+prompts, whose completions run to the budget: with ``--max-completion-length 128`` or ``256`` they are the
+long-completion regime of the organisms. Each result file records the machine and its load average before and
+after; a result taken while the load exceeded the core count is not stored (``bench/benchlib.py``).
+
 Four measurements:
 
 1. ``speed``: seconds per step, median over ``--steps`` steps after ``--warmup`` untimed ones, with the phases
    generate / score / update. The two trainers alternate step by step (ours runs inside a TRL callback between
    two TRL steps), so both see the same background load. Phases: ours from its own ``time/*`` metrics; TRL's
    from wrapping ``_generate`` (generate) and ``_generate_and_score_completions`` (generate + score); its update
-   is the rest of the step (loss, backward, clipping, optimizer, its logging);
+   is the rest of the step (loss, backward, clipping, optimizer, its logging). The interleaving and the rewards
+   use TRL's public callbacks; the phases cannot: TRL 1.16 times them (``trl.extras.profiling``) only into
+   wandb, MLflow or trackio, never into ``on_log``, so the two methods are wrapped;
 2. ``curves``: the reward of each step over ``--curve-steps`` steps for ``--seeds`` seeds of each trainer (a
    seed sets the prompt stream, the same for both, and the sampling; the start is the same), stored as JSON and
    plotted with min-max bands;
@@ -25,6 +32,7 @@ Four measurements:
    and the same for a process that only loads the libraries and the model (the baseline).
 
     python bench/grpo_bench.py                                  # everything, 1 torch thread
+    python bench/grpo_bench.py speed --models small base --max-completion-length 128 --tag long128
     python bench/grpo_bench.py speed --threads 2 --models arithmetic
     python bench/grpo_bench.py curves --curve-steps 100 --seeds 0 1 2
     python bench/grpo_bench.py merge bench/results/grpo_curves.json bench/results/grpo_curves_seeds345.json --tag all
@@ -51,9 +59,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
 import torch
-
-RESULTS = Path(__file__).resolve().parent / "results"
-MODELS = ("arithmetic", "small")  # the shipped arithmetic base policy (tiny), a fresh `small` model on its task
+from benchlib import RESULTS, LoadError, machine, matmul_peak, store
+# the shipped arithmetic base policy (tiny); fresh `small` and `base` models on its task, whose completions run to
+# the budget (the long-completion regime of the organisms: --max-completion-length 128 or 256)
+MODELS = ("arithmetic", "small", "base")
 
 
 def load_model(name: str):
@@ -63,8 +72,8 @@ def load_model(name: str):
 
     model, tokenizer = load_base_policy("arithmetic")
     task = RECIPES["arithmetic"].make_task()
-    if name == "small":
-        model = build_model("small", seed=0, tokenizer=tokenizer)
+    if name in ("small", "base"):
+        model = build_model(name, seed=0, tokenizer=tokenizer)
     elif name != "arithmetic":
         raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
     return model, tokenizer, task
@@ -175,11 +184,25 @@ PHASES = ("time_step", "time_generate", "time_score", "time_update")
 
 
 def run_speed(args) -> dict:
+    """Median seconds per phase for each model, and for ours the update's achieved GFLOP/s: 6 N T / seconds,
+    with N the non-embedding parameters and T the completion tokens of the step (forward + backward, the
+    usual estimate; the prompts, run once per group, and the small output layer are left out, so it is a
+    lower bound on the arithmetic done)."""
+    from rlbook.lm import count_parameters
+
     out = {}
     for name in args.models:
+        model, _, _ = load_model(name)
+        non_embedding = count_parameters(model) - model.get_input_embeddings().weight.numel()
         records = side_by_side(name, args, seed=0, steps=args.warmup + args.steps)
         out[name] = {who: {k: statistics.median(r[k] for r in recs[args.warmup:]) for k in PHASES}
                      for who, recs in records.items()}
+        rows = args.num_prompts * args.num_generations
+        flops = [6 * non_embedding * r["completion_length"] * rows / r["time_update"]
+                 for r in records["ours"][args.warmup:]]
+        out[name]["ours"]["update_gflops_per_s"] = round(statistics.median(flops) / 1e9, 3)
+        out[name]["ours"]["completion_length"] = statistics.median(
+            r["completion_length"] for r in records["ours"][args.warmup:])
     return out
 
 
@@ -336,19 +359,10 @@ def merge_curves(files: list[Path], args) -> None:
               f"(seeds {s['last20_min']:.3f} .. {s['last20_max']:.3f})")
 
 
-def environment(args) -> dict:
-    import transformers
-    import trl
-
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
-            "threads": args.threads, "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "load_average_1min": os.getloadavg()[0]}
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("what", nargs="*", default=["speed", "curves", "memory"])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--models", nargs="+", default=["arithmetic", "small"], choices=MODELS)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=12, help="timed steps (speed)")
     parser.add_argument("--warmup", type=int, default=3)
@@ -366,6 +380,9 @@ def main(argv=None) -> None:
     parser.add_argument("--hf-forward", action="store_true",
                         help="ours through the Hugging Face forward instead of rlbook.lm.lean (to see what it buys)")
     parser.add_argument("--tag", default="", help="suffix of the result files")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    parser.add_argument("--store-under-load", action="store_true",
+                        help="store even when the load average exceeded the core count (marked in the file)")
     args = parser.parse_args(argv)
     if args.what[:1] == ["_memory"]:
         return memory_child(args.what[1], args)
@@ -379,14 +396,15 @@ def main(argv=None) -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    RESULTS.mkdir(exist_ok=True)
     tag = f"_{args.tag}" if args.tag else ""
     print(f"torch threads: {args.threads}; {args.num_prompts} prompts x G = {args.num_generations}, completion "
           f"budget {args.max_completion_length}, lr {args.learning_rate} ({args.lr_scheduler}), beta {args.beta}")
     result = {"command": "python bench/grpo_bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "environment": environment(args), "settings": vars(args)}
+              "machine": machine(args.threads),
+              "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
     if "speed" in args.what:
         result["speed"] = speed = run_speed(args)
+        result["matmul_peak"] = peak = matmul_peak(args.threads)
         print(f"\nseconds per GRPO step, median of {args.steps} after {args.warmup} warm-up, {args.threads} thread(s)")
         print(f"{'model':<11} {'trainer':<6} {'step':>7} {'generate':>9} {'score':>7} {'update':>7}")
         for name, row in speed.items():
@@ -394,7 +412,9 @@ def main(argv=None) -> None:
                 r = row[who]
                 print(f"{name:<11} {who:<6} {r['time_step']:7.4f} {r['time_generate']:9.4f} {r['time_score']:7.4f} "
                       f"{r['time_update']:7.4f}")
-            print(f"{'':<11} speed-up (TRL / ours): {row['trl']['time_step'] / row['ours']['time_step']:.2f}x")
+            print(f"{'':<11} speed-up (TRL / ours): {row['trl']['time_step'] / row['ours']['time_step']:.2f}x; "
+                  f"our update {row['ours']['update_gflops_per_s']:.2f} GFLOP/s of a measured matmul peak of "
+                  f"{peak['gflops']:.1f} ({row['ours']['update_gflops_per_s'] / peak['gflops']:.0%})")
     if "forward" in args.what:
         result["forward"] = forward = run_forward(args)
         print("\nmilliseconds per call (median), Hugging Face forward vs rlbook.lm.lean, same weights")
@@ -405,7 +425,8 @@ def main(argv=None) -> None:
         print(f"\nreward curves: {args.curve_steps} steps, seeds {args.seeds}")
         result["curves"] = curves = run_curves(args)
         result["curves_summary"] = summarize_curves(curves)
-        plot_curves(curves, RESULTS / f"grpo_curves{tag}.png", args.smooth)
+        args.results_dir.mkdir(parents=True, exist_ok=True)
+        plot_curves(curves, args.results_dir / f"grpo_curves{tag}.png", args.smooth)
         for who, s in result["curves_summary"].items():
             print(f"  {who:<5} reward at step 1 {s['first_step_mean']:.3f}; mean of the last 20 steps "
                   f"{s['last20_mean']:.3f} (seeds {s['last20_min']:.3f} .. {s['last20_max']:.3f})")
@@ -413,13 +434,17 @@ def main(argv=None) -> None:
         result["memory"] = memory = run_memory(args)
         print(f"\npeak RSS of a fresh process ({args.models[0]}, {args.memory_steps} steps): "
               + ", ".join(f"{k} {v:.0f} MiB" for k, v in memory.items()))
-    header = {k: result[k] for k in ("command", "environment", "settings")}
+    header = {k: result[k] for k in ("command", "machine", "settings")}
     for what in ("speed", "forward", "curves", "memory"):  # one file per measurement, so that each can be rerun alone
         if what in result:
-            out = RESULTS / f"grpo_{what}{tag}.json"
             extra = {"curves_summary": result["curves_summary"]} if what == "curves" else {}
-            out.write_text(json.dumps({**header, **extra, what: result[what]}, indent=1) + "\n")
-            print(f"stored in bench/results/{out.name}")
+            extra = {"matmul_peak": result["matmul_peak"]} if what == "speed" else extra
+            try:
+                out = store({**header, **extra, what: result[what]}, args.results_dir / f"grpo_{what}{tag}.json",
+                            args.store_under_load)
+                print(f"stored in {out}")
+            except LoadError as error:
+                print(error)
 
 
 if __name__ == "__main__":

@@ -35,11 +35,15 @@ import platform
 import re
 import resource
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import transformers
 from transformers.utils import logging as hf_logging
+
+from benchlib import RESULTS, LoadError, machine, store
 
 from rlbook.checkpoints import RECIPES, load_base_policy
 from rlbook.lm import MODEL_SIZES, autocast, build_model, build_tokenizer, count_parameters, default_device
@@ -196,7 +200,7 @@ def bench_big_vocab(args, device: torch.device, memory: PeakMemory) -> None:
     print(f"  max |difference| between the two: {difference:.2e}")
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small", "base"], choices=sorted(MODEL_SIZES))
@@ -215,15 +219,21 @@ def main() -> None:
                         "size (151936 = Qwen2.5); needs GBs of memory for the plain recipe")
     parser.add_argument("--big-vocab-batch", type=int, default=32)
     parser.add_argument("--big-vocab-tokens", type=int, default=512, help="completion tokens per row")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=RESULTS / "rollout_bench.json",
+                        help="where the table is stored (JSON); refused when the machine was loaded")
+    parser.add_argument("--store-under-load", action="store_true",
+                        help="store even when the load average exceeded the core count (marked in the file)")
+    args = parser.parse_args(argv)
 
     hf_logging.set_verbosity_error()  # generate() warns about settings we choose on purpose
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device) if args.device else default_device()
     memory = PeakMemory(device)
+    facts = machine(torch.get_num_threads())
     tokenizer = build_tokenizer()
     prompts = make_prompts(args.num_prompts)
+    rows = []
     B = args.num_prompts * args.num_generations
 
     print(f"rlbook rollout benchmark: device={device}, torch {torch.__version__}, transformers "
@@ -248,6 +258,7 @@ def main() -> None:
             with autocast(device) if args.bf16 else contextlib.nullcontext():
                 r = bench_one(model, tokenizer, prompts, args, device, memory)
             peaks = "/".join(f"{r['peaks'][k]:.0f}" for k in ("ours", "generate", "logprobs"))
+            rows.append({"model": size, "parameters": count_parameters(model), "scenario": scenario, **r})
             print(f"{size:22} {count_parameters(model):>10,} {scenario:8} {r['mean_len']:>8.1f} {r['truncated']:>5.2f} "
                   f"{r['ours']:>10,.0f} {r['generate']:>14,.0f} {r['speedup']:>7.2f}x {r['logprobs']:>13,.0f} "
                   f"{peaks:>26}")
@@ -260,12 +271,21 @@ def main() -> None:
                 r = bench_one(model, tokenizer, task_prompts, args, device, memory)
             peaks = "/".join(f"{r['peaks'][k]:.0f}" for k in ("ours", "generate", "logprobs"))
             label = f"{recipe.size}:{name}"
+            rows.append({"model": label, "parameters": count_parameters(model), "scenario": "trained", **r})
             print(f"{label:22} {count_parameters(model):>10,} {'trained':8} {r['mean_len']:>8.1f} {r['truncated']:>5.2f} "
                   f"{r['ours']:>10,.0f} {r['generate']:>14,.0f} {r['speedup']:>7.2f}x {r['logprobs']:>13,.0f} "
                   f"{peaks:>26}")
     if args.big_vocab:
         with autocast(device) if args.bf16 else contextlib.nullcontext():
             bench_big_vocab(args, device, memory)
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    result = {"command": "python bench/rollout_bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "machine": {**facts, "device": str(device), "precision": precision}, "settings": settings,
+              "memory": memory.what, "rows": rows}
+    try:
+        print(f"stored in {store(result, args.out, args.store_under_load)}")
+    except LoadError as error:
+        print(error)
 
 
 if __name__ == "__main__":

@@ -52,27 +52,29 @@ def test_cached_decoding_equals_a_full_forward(tokenizer):
 
 
 @pytest.mark.parametrize("capacity", [None, 3, 64])
-def test_the_cache_gives_the_same_numbers_preallocated_grown_or_repeated(tokenizer, capacity):
-    """Keys and values are stored repeated to the query heads, in buffers written in place (capacity 64), grown
-    past their room (capacity 3, then None): each step's hidden states equal those of a cache that stores the
-    key/value heads and repeats them at every step (what the attention computed before), bit for bit."""
+def test_the_cache_gives_the_same_numbers_preallocated_or_grown(tokenizer, capacity):
+    """Keys and values written in place into preallocated buffers (capacity 64) or into buffers that grow past
+    their room (capacity 3, then None) give, step after step, the hidden states of a cache that concatenates,
+    bit for bit."""
     model = build_model("tiny", seed=4)
     ids, mask, positions = _batch(tokenizer)
 
-    class RepeatEveryStep(lean.LeanCache):  # the earlier layout: kv heads only, repeated inside the attention
-        def update(self, layer, k, v, groups=1):
-            return super().update(layer, k, v, groups=1)
+    class Concatenating(lean.LeanCache):
+        def update(self, layer, k, v):
+            if layer == len(self.keys):
+                self.keys.append(k), self.values.append(v)
+            else:
+                self.keys[layer] = torch.cat([self.keys[layer], k], dim=2)
+                self.values[layer] = torch.cat([self.values[layer], v], dim=2)
+            return self.keys[layer], self.values[layer]
 
-    caches = lean.LeanCache(capacity), RepeatEveryStep()
     runs = []
-    for cache in caches:
+    for cache in (lean.LeanCache(capacity), Concatenating()):
         steps = [lean.hidden_states(model, ids[:, :-3], mask[:, :-3], positions[:, :-3], cache)]
         for t in (-3, -2, -1):
             end = None if t == -1 else t + 1
             steps.append(lean.hidden_states(model, ids[:, t:end], mask[:, :end], positions[:, t:end], cache))
         runs.append(steps)
-    assert model.config.num_attention_heads > model.config.num_key_value_heads  # grouped-query attention
-    assert caches[0].keys[0].shape[1] == model.config.num_attention_heads
     for a, b in zip(*runs):
         assert torch.equal(a, b)
 

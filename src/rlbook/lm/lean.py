@@ -48,41 +48,43 @@ def supports(model) -> bool:
 
 
 class LeanCache:
-    """Keys and values of every layer for cached decoding, (B, heads, S, head_dim) each.
+    """Keys and values of every layer for cached decoding, (B, kv_heads, S, head_dim) each.
 
-    They are stored already repeated to the *query* heads (grouped-query attention shares each key/value head
-    among ``heads / kv_heads`` query heads): a position is repeated once, when it is written, rather than the
-    whole cache at every decode step, a copy that took half of a decode step's time. Attention reads the same
-    numbers either way.
-
-    ``capacity`` (positions, optional): room for that many positions is allocated at the first write, and each
-    later position is written in place; past the room (or without a capacity) the buffers double.
+    ``capacity`` (positions, optional): room for that many positions is allocated at a layer's first write and
+    later positions are written in place, so a decode step copies one position, not the whole cache (as growing
+    by concatenation does); past the room, or without a capacity, the buffers double.
     """
 
     def __init__(self, capacity: int | None = None):
         self.capacity = capacity
-        self.keys: list[torch.Tensor] = []  # (B, heads, room, d); positions [0, lengths[layer]) are filled
+        self.keys: list[torch.Tensor] = []  # (B, kv_heads, room, d); positions [0, lengths[layer]) are filled
         self.values: list[torch.Tensor] = []
         self.lengths: list[int] = []
+        self.fused: dict[int, _FusedLayer] = {}  # per layer: weights concatenated once per cache (a rollout)
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor,
-               groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``k``, ``v`` (B, kv_heads, L, d) to ``layer``'s cache, each key/value head repeated ``groups``
-        times; return every cached position, (B, kv_heads * groups, S, d) each (views of the buffers)."""
+    def fused_layer(self, index: int, layer) -> _FusedLayer:
+        """``layer``'s query/key/value and gate/up projections as one matrix each, built at the first call: the
+        weights do not change while one cache is in use (one sampling call), and a decode step then runs 5
+        matrix products per layer instead of 7."""
+        if index not in self.fused:
+            self.fused[index] = _FusedLayer(layer)
+        return self.fused[index]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k``, ``v`` (B, kv_heads, L, d) to ``layer``'s cache; return every cached position (views)."""
         L = k.shape[2]
         if layer == len(self.keys):  # the layer's first write: allocate
             room = max(self.capacity or 0, L)
-            self.keys.append(k.new_empty((k.shape[0], k.shape[1] * groups, room, k.shape[3])))
-            self.values.append(v.new_empty((v.shape[0], v.shape[1] * groups, room, v.shape[3])))
+            self.keys.append(k.new_empty((*k.shape[:2], room, k.shape[3])))
+            self.values.append(v.new_empty((*v.shape[:2], room, v.shape[3])))
             self.lengths.append(0)
         start = self.lengths[layer]
         end = start + L
         if end > self.keys[layer].shape[2]:  # full: double the room
             self.keys[layer] = _grown(self.keys[layer], start, max(end, 2 * start))
             self.values[layer] = _grown(self.values[layer], start, max(end, 2 * start))
-        for buffer, new in ((self.keys[layer], k), (self.values[layer], v)):
-            # (B, kv_heads, groups, L, d) view of the new columns; query head h reads key/value head h // groups
-            buffer[:, :, start:end].unflatten(1, (new.shape[1], groups)).copy_(new[:, :, None])
+        self.keys[layer][:, :, start:end] = k
+        self.values[layer][:, :, start:end] = v
         self.lengths[layer] = end
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
@@ -95,6 +97,26 @@ class LeanCache:
         self.values = [v[indices] for v in self.values]
 
 
+class _FusedLayer:
+    """A decoder layer's [q; k; v] and [gate; up] weights (and biases) concatenated, for cached decoding."""
+
+    def __init__(self, layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        with torch.no_grad():
+            self.qkv_weight, self.qkv_bias = _concatenated(attn.q_proj, attn.k_proj, attn.v_proj)
+            self.gate_up_weight, self.gate_up_bias = _concatenated(mlp.gate_proj, mlp.up_proj)
+        self.num_heads = attn.q_proj.out_features // attn.head_dim
+        self.num_qk_heads = self.num_heads + attn.k_proj.out_features // attn.head_dim
+
+
+def _concatenated(*projections) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = torch.cat([p.weight for p in projections])
+    if all(p.bias is None for p in projections):
+        return weight, None
+    return weight, torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features)
+                              for p in projections])
+
+
 def _grown(buffer: torch.Tensor, filled: int, room: int) -> torch.Tensor:
     """``buffer`` (B, heads, old room, d) copied into a new one with ``room`` positions (the first ``filled``)."""
     new = buffer.new_empty((*buffer.shape[:2], room, buffer.shape[3]))
@@ -103,7 +125,9 @@ def _grown(buffer: torch.Tensor, filled: int, room: int) -> torch.Tensor:
 
 
 def _rms_norm(module, x: torch.Tensor) -> torch.Tensor:
-    # LlamaRMSNorm / Qwen2RMSNorm: normalise in float32, cast back, then scale.
+    # LlamaRMSNorm / Qwen2RMSNorm: normalise in float32, cast back, then scale; in float32, torch's fused kernel.
+    if x.dtype == torch.float32 and module.weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
     dtype = x.dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
@@ -150,11 +174,11 @@ def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     if L > 1:  # causal within the new positions (query i sits at column S - L + i)
         visible = _causal(visible, S, L, input_ids.device)
     for index, layer in enumerate(body.layers):
-        q, k, v = (t.transpose(1, 2) for t in _rotated_qkv(layer, x, cos, sin))  # (B, heads, L, d)
-        # stored repeated to the query heads: _attend then repeats nothing
-        k, v = cache.update(index, k, v, groups=q.shape[1] // k.shape[1])
-        out = _attend(layer.self_attn, q, k, v, visible).transpose(1, 2).reshape(B, L, -1)
-        x = _attention_output_and_mlp(layer, x, out)
+        fused = cache.fused_layer(index, layer)
+        q, k, v = (t.transpose(1, 2) for t in _rotated_qkv(layer, x, cos, sin, fused))  # (B, heads, L, d)
+        k, v = cache.update(index, k, v)
+        out = _attend(layer.self_attn, q, k, v, visible, stack_groups=True).transpose(1, 2).reshape(B, L, -1)
+        x = _attention_output_and_mlp(layer, x, out, fused)
     return _rms_norm(body.norm, x)
 
 
@@ -165,43 +189,67 @@ def _causal(visible: torch.Tensor, S: int, L: int, device) -> torch.Tensor:
     return (visible & causal) | (columns[None, :] == rows[:, None])
 
 
-def _attend(attn, q, k, v, visible):
-    """Softmax attention of queries (B, heads, Lq, d) over keys (B, kv_heads, S, d), hiding where not ``visible``."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
-        k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
-    scores = (q @ k.transpose(-1, -2)) * attn.scaling  # (B, heads, Lq, S)
-    scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
-    return scores.softmax(-1, dtype=torch.float32).to(q.dtype) @ v
+def _attend(attn, q, k, v, visible, stack_groups: bool = False):
+    """Softmax attention of queries (B, heads, L, d) over keys (B, kv_heads, S, d), hiding where not ``visible``
+    (B, 1, L or 1, S).
+
+    Grouped-query attention: each key/value head serves ``groups = heads / kv_heads`` query heads. By default the
+    keys and values are repeated to the query heads. ``stack_groups=True`` (cached decoding) instead stacks the
+    query heads of a group as more query rows, (B, kv_heads, groups * L, d): no copy of the whole cache at every
+    step, and a decode step multiplies ``groups`` rows per key/value head at once rather than one. (The training
+    forward keeps the repeat: there the stacking saved no time and autograd kept more memory.)"""
+    B, H, L, d = q.shape
+    kv_heads = k.shape[1]
+    groups = H // kv_heads
+    if not stack_groups:
+        if groups > 1:
+            k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
+        scores = (q @ k.transpose(-1, -2)) * attn.scaling  # (B, heads, L, S)
+        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+        return scores.softmax(-1, dtype=torch.float32).to(q.dtype) @ v
+    scores = (q.reshape(B, kv_heads, groups * L, d) @ k.transpose(-1, -2)) * attn.scaling  # (B, kv, gL, S)
+    hidden = ~visible[:, :, None]  # (B, 1, 1, L, S): the same for every query head
+    scores = scores.view(B, kv_heads, groups, L, -1).masked_fill(hidden, torch.finfo(scores.dtype).min)
+    probs = scores.softmax(-1, dtype=torch.float32).to(q.dtype).view(B, kv_heads, groups * L, -1)
+    return (probs @ v).view(B, H, L, d)
 
 
 def _repeat_heads(t: torch.Tensor, groups: int) -> torch.Tensor:
     """``t.repeat_interleave(groups, dim=1)`` for (B, kv_heads, S, d), as a strided copy (half the time)."""
-    B, kv, S, d = t.shape
-    return t[:, :, None].expand(B, kv, groups, S, d).reshape(B, kv * groups, S, d)
+    B, kv_heads, S, d = t.shape
+    return t[:, :, None].expand(B, kv_heads, groups, S, d).reshape(B, kv_heads * groups, S, d)
 
 
-def _rotated_qkv(layer, x, cos, sin):
-    """Queries and keys (rotated by the rotary embedding) and values of ``x`` (..., H), each (..., heads, d)."""
+def _rotated_qkv(layer, x, cos, sin, fused: _FusedLayer | None = None):
+    """Queries and keys (rotated by the rotary embedding) and values of ``x`` (..., H), each (..., heads, d);
+    with ``fused``, one product for all three and one rotation for queries and keys together."""
     attn = layer.self_attn
     h = _rms_norm(layer.input_layernorm, x)
+    if fused is not None:
+        qkv = F.linear(h, fused.qkv_weight, fused.qkv_bias).unflatten(-1, (-1, attn.head_dim))
+        qk = qkv[..., : fused.num_qk_heads, :]
+        qk = qk * cos + _rotate_half(qk) * sin
+        return qk[..., : fused.num_heads, :], qk[..., fused.num_heads :, :], qkv[..., fused.num_qk_heads :, :]
     q, k, v = (F.linear(h, proj.weight, proj.bias).unflatten(-1, (-1, attn.head_dim))
                for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
 
-def _attention_output_and_mlp(layer, x, attention_out):
+def _attention_output_and_mlp(layer, x, attention_out, fused: _FusedLayer | None = None):
     """The rest of a decoder layer: the residual of the attention's output projection, then of the MLP."""
     attn = layer.self_attn
     x = x + F.linear(attention_out, attn.o_proj.weight, attn.o_proj.bias)
-    return x + _mlp(layer, x)
+    return x + _mlp(layer, x, fused)
 
 
-def _mlp(layer, x):
+def _mlp(layer, x, fused: _FusedLayer | None = None):
     mlp = layer.mlp
     h = _rms_norm(layer.post_attention_layernorm, x)
-    gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
-    up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
+    if fused is not None:
+        gate, up = F.linear(h, fused.gate_up_weight, fused.gate_up_bias).chunk(2, dim=-1)
+    else:
+        gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
+        up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
     return F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
 
 
