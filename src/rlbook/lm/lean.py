@@ -169,17 +169,41 @@ def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     x = body.embed_tokens(input_ids)
     cos, sin = body.rotary_emb(x, position_ids)  # (B, L, head_dim)
     cos, sin = cos[:, :, None], sin[:, :, None]  # (B, L, 1, head_dim): broadcast over heads
+    half = cos.shape[-1] // 2
+    sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half(t) * sin = roll(t) * this
     S = attention_mask.shape[1]
     visible = attention_mask[:, None, None, :].bool()  # (B, 1, 1, S)
     if L > 1:  # causal within the new positions (query i sits at column S - L + i)
         visible = _causal(visible, S, L, input_ids.device)
+    config = model.config
+    kv_heads, groups = config.num_key_value_heads, config.num_attention_heads // config.num_key_value_heads
+    # the mask as a bias added to the scores, laid out as _attend_cached's (B * kv_heads, groups * L, S) scores:
+    # built once for all layers
+    bias = torch.zeros(visible.shape, dtype=x.dtype, device=x.device).masked_fill(~visible, torch.finfo(x.dtype).min)
+    bias = bias[:, :, None].expand(B, kv_heads, groups, L, S).reshape(B * kv_heads, groups * L, S)
     for index, layer in enumerate(body.layers):
         fused = cache.fused_layer(index, layer)
         q, k, v = (t.transpose(1, 2) for t in _rotated_qkv(layer, x, cos, sin, fused))  # (B, heads, L, d)
         k, v = cache.update(index, k, v)
-        out = _attend(layer.self_attn, q, k, v, visible, stack_groups=True).transpose(1, 2).reshape(B, L, -1)
+        out = _attend_cached(layer.self_attn, q, k, v, bias).transpose(1, 2).reshape(B, L, -1)
         x = _attention_output_and_mlp(layer, x, out, fused)
     return _rms_norm(body.norm, x)
+
+
+def _attend_cached(attn, q, k, v, bias):
+    """Attention for cached decoding: queries (B, heads, L, d) over the cache's keys and values (B, kv_heads, S,
+    d), ``bias`` (B * kv_heads, groups * L, S) holding 0 where visible and the dtype's minimum elsewhere.
+
+    Grouped-query attention without repeating the cache: the query heads that share a key/value head are stacked
+    as more query rows, so each product is one matrix per key/value head, and a decode step (L = 1) multiplies
+    ``groups`` rows at a time. Scaling and mask go into the product itself (``baddbmm``)."""
+    B, H, L, d = q.shape
+    kv_heads, S = k.shape[1], k.shape[2]
+    groups = H // kv_heads
+    keys, values = k.reshape(B * kv_heads, S, d), v.reshape(B * kv_heads, S, d)
+    scores = torch.baddbmm(bias, q.reshape(B * kv_heads, groups * L, d), keys.transpose(1, 2), alpha=attn.scaling)
+    probs = scores.softmax(-1, dtype=torch.float32).to(q.dtype)
+    return torch.bmm(probs, values).view(B, H, L, d)
 
 
 def _causal(visible: torch.Tensor, S: int, L: int, device) -> torch.Tensor:
@@ -189,29 +213,18 @@ def _causal(visible: torch.Tensor, S: int, L: int, device) -> torch.Tensor:
     return (visible & causal) | (columns[None, :] == rows[:, None])
 
 
-def _attend(attn, q, k, v, visible, stack_groups: bool = False):
-    """Softmax attention of queries (B, heads, L, d) over keys (B, kv_heads, S, d), hiding where not ``visible``
-    (B, 1, L or 1, S).
+def _attend(attn, q, k, v, visible):
+    """Softmax attention of queries (B, heads, L, d) over keys (B, kv_heads, S, d), hiding where not ``visible``.
 
-    Grouped-query attention: each key/value head serves ``groups = heads / kv_heads`` query heads. By default the
-    keys and values are repeated to the query heads. ``stack_groups=True`` (cached decoding) instead stacks the
-    query heads of a group as more query rows, (B, kv_heads, groups * L, d): no copy of the whole cache at every
-    step, and a decode step multiplies ``groups`` rows per key/value head at once rather than one. (The training
-    forward keeps the repeat: there the stacking saved no time and autograd kept more memory.)"""
-    B, H, L, d = q.shape
-    kv_heads = k.shape[1]
-    groups = H // kv_heads
-    if not stack_groups:
-        if groups > 1:
-            k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
-        scores = (q @ k.transpose(-1, -2)) * attn.scaling  # (B, heads, L, S)
-        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
-        return scores.softmax(-1, dtype=torch.float32).to(q.dtype) @ v
-    scores = (q.reshape(B, kv_heads, groups * L, d) @ k.transpose(-1, -2)) * attn.scaling  # (B, kv, gL, S)
-    hidden = ~visible[:, :, None]  # (B, 1, 1, L, S): the same for every query head
-    scores = scores.view(B, kv_heads, groups, L, -1).masked_fill(hidden, torch.finfo(scores.dtype).min)
-    probs = scores.softmax(-1, dtype=torch.float32).to(q.dtype).view(B, kv_heads, groups * L, -1)
-    return (probs @ v).view(B, H, L, d)
+    Grouped-query attention: each key/value head serves ``heads / kv_heads`` query heads; the keys and values are
+    repeated to the query heads. (Cached decoding stacks the query heads instead, :func:`_attend_cached`; in the
+    training forward that saved no time and autograd kept more memory.)"""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
+    scores = (q @ k.transpose(-1, -2)) * attn.scaling  # (B, heads, L, S)
+    scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+    return scores.softmax(-1, dtype=torch.float32).to(q.dtype) @ v
 
 
 def _repeat_heads(t: torch.Tensor, groups: int) -> torch.Tensor:
@@ -227,8 +240,8 @@ def _rotated_qkv(layer, x, cos, sin, fused: _FusedLayer | None = None):
     h = _rms_norm(layer.input_layernorm, x)
     if fused is not None:
         qkv = F.linear(h, fused.qkv_weight, fused.qkv_bias).unflatten(-1, (-1, attn.head_dim))
-        qk = qkv[..., : fused.num_qk_heads, :]
-        qk = qk * cos + _rotate_half(qk) * sin
+        qk = qkv[..., : fused.num_qk_heads, :]  # here `sin` is signed for the roll (see hidden_states)
+        qk = torch.addcmul(qk * cos, qk.roll(attn.head_dim // 2, dims=-1), sin)
         return qk[..., : fused.num_heads, :], qk[..., fused.num_heads :, :], qkv[..., fused.num_qk_heads :, :]
     q, k, v = (F.linear(h, proj.weight, proj.bias).unflatten(-1, (-1, attn.head_dim))
                for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
