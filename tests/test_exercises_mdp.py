@@ -9,19 +9,12 @@ import pytest
 
 from rlbook.exercises import check_average_reward, check_iterative_policy_evaluation, check_q_value_iteration_step
 from rlbook.exercises.mdp import average_reward_reference, random_mdp, random_policy
+from rlbook.exercises.mdp import reference_iterative_policy_evaluation as iterative_policy_evaluation
+from rlbook.exercises.mdp import reference_q_value_iteration_step as q_value_iteration_step
 from rlbook.tabular import FiniteMDP, bellman_expectation_operator, policy_evaluation, q_from_v, value_iteration
 
 
 # ---------------------------------------------------------------- reference solutions
-def iterative_policy_evaluation(mdp, policy, tol):
-    V = np.zeros(mdp.num_states)
-    while True:
-        V_next = bellman_expectation_operator(mdp, V, policy)
-        if np.max(np.abs(V_next - V)) <= tol:
-            return V_next
-        V = V_next
-
-
 def iterative_policy_evaluation_as_in_the_chapter(mdp, policy, tol, return_sweeps=False):
     V = np.zeros(mdp.num_states)
     sweeps = 0
@@ -32,10 +25,6 @@ def iterative_policy_evaluation_as_in_the_chapter(mdp, policy, tol, return_sweep
         if np.max(np.abs(V_next - V)) <= tol:
             return (V_next, sweeps) if return_sweeps else V_next
         V = V_next
-
-
-def q_value_iteration_step(mdp, Q):
-    return mdp.expected_reward + mdp.gamma * mdp.continuation @ Q.max(axis=1)
 
 
 def average_reward(P, R):

@@ -200,7 +200,6 @@ def preset(name: str, **overrides) -> RLConfig:
     4,096 of 20,480)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    check_keys(overrides)
     settings = {**PRESETS[name], **overrides}
     if name == "dapo" and "overlong_buffer_length" not in overrides:
         settings["overlong_buffer_length"] = max(1, settings.get("max_completion_length", 16) // 4)

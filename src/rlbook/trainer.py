@@ -105,7 +105,7 @@ class Trainer:
                              f"an estimator that learns values {sorted(VALUE_MODEL_ESTIMATORS)}")
         if config.needs_value_model and value_model is None:
             value_model = build_value_model(policy, init=config.value_init, seed=config.seed)
-        self.value_model = value_model if config.needs_value_model else None
+        self.value_model = value_model
         # the trained models as one module, one forward per micro-batch: what DDP wraps
         self._learner = _Learner(policy, self.value_model)
         if self.world.distributed:
