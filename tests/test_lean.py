@@ -40,43 +40,46 @@ def test_hidden_states_and_gradients_equal_the_hf_forward(tokenizer, arch):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
-def test_cached_decoding_equals_a_full_forward(tokenizer):
-    model = build_model("tiny", seed=4)
-    ids, mask, positions = _batch(tokenizer)
-    cache = lean.LeanCache()
-    lean.hidden_states(model, ids[:, :-2], mask[:, :-2], positions[:, :-2], cache)
-    lean.hidden_states(model, ids[:, -2:-1], mask[:, :-1], positions[:, -2:-1], cache)
-    step = lean.hidden_states(model, ids[:, -1:], mask, positions[:, -1:], cache)
-    full = lean.hidden_states(model, ids, mask, positions)
-    assert torch.allclose(step[:, -1], full[:, -1], atol=AGREE, rtol=0)
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_decoder_logits_equal_a_full_forward(tokenizer, arch):
+    """Prefill left-padded prompts, repeat the rows, drop some, then feed tokens one at a time: every step's
+    logits are those of the Hugging Face model run over the whole sequence so far."""
+    model = build_model("tiny", arch=arch, seed=4)
+    assert lean.decodes(model)
+    ids, mask, _ = _batch(tokenizer)
+    fed = torch.randint(4, len(tokenizer), (6, 5), generator=torch.Generator().manual_seed(0))  # (rows, steps)
+    decoder = lean.Decoder(model, ids.shape[1] + fed.shape[1])
+    logits = [decoder.prefill(ids, mask).repeat_interleave(2, dim=0)]
+    decoder.repeat_interleave(2)
+    rows = torch.arange(6)
+    for t in range(fed.shape[1]):
+        if t == 2:  # keep rows 5, 0, 3 (in that order), as the sampler does when rows finish
+            keep = torch.tensor([5, 0, 3])
+            decoder.select(keep)
+            rows = rows[keep]
+        logits.append(decoder.step(fed[rows, t]))
+    full_ids = torch.cat([ids.repeat_interleave(2, dim=0), fed], dim=1)
+    full_mask = torch.cat([mask.repeat_interleave(2, dim=0), torch.ones_like(fed)], dim=1)
+    with torch.no_grad():
+        ref = model(input_ids=full_ids, attention_mask=full_mask,
+                    position_ids=(full_mask.cumsum(-1) - 1).clamp(min=0)).logits
+    P, kept = ids.shape[1], torch.arange(6)
+    for t, got in enumerate(logits):  # logits[t] predicts the token at column P + t
+        kept = kept if t <= 2 else torch.tensor([5, 0, 3])
+        assert torch.allclose(got, ref[kept, P + t - 1], atol=AGREE, rtol=0), t
 
 
-@pytest.mark.parametrize("capacity", [None, 3, 64])
-def test_the_cache_gives_the_same_numbers_preallocated_or_grown(tokenizer, capacity):
-    """Keys and values written in place into preallocated buffers (capacity 64) or into buffers that grow past
-    their room (capacity 3, then None) give, step after step, the hidden states of a cache that concatenates,
-    bit for bit."""
-    model = build_model("tiny", seed=4)
-    ids, mask, positions = _batch(tokenizer)
-
-    class Concatenating(lean.LeanCache):
-        def update(self, layer, k, v):
-            if layer == len(self.keys):
-                self.keys.append(k), self.values.append(v)
-            else:
-                self.keys[layer] = torch.cat([self.keys[layer], k], dim=2)
-                self.values[layer] = torch.cat([self.values[layer], v], dim=2)
-            return self.keys[layer], self.values[layer]
-
-    runs = []
-    for cache in (lean.LeanCache(capacity), Concatenating()):
-        steps = [lean.hidden_states(model, ids[:, :-3], mask[:, :-3], positions[:, :-3], cache)]
-        for t in (-3, -2, -1):
-            end = None if t == -1 else t + 1
-            steps.append(lean.hidden_states(model, ids[:, t:end], mask[:, :end], positions[:, t:end], cache))
-        runs.append(steps)
-    for a, b in zip(*runs):
-        assert torch.equal(a, b)
+def test_decoder_names_what_it_cannot_do(tokenizer):
+    with pytest.raises(ValueError, match="does not reproduce"):
+        lean.Decoder(build_model("tiny", seed=0, attention_dropout=0.1), 8)
+    ids, mask, _ = _batch(tokenizer)
+    decoder = lean.Decoder(build_model("tiny", seed=0), ids.shape[1] + 1)
+    with pytest.raises(ValueError, match="do not fit"):
+        lean.Decoder(build_model("tiny", seed=0), 2).prefill(ids, mask)
+    decoder.prefill(ids, mask)
+    decoder.step(ids[:, -1])
+    with pytest.raises(ValueError, match="full"):
+        decoder.step(ids[:, -1])
 
 
 def test_rollouts_and_logprobs_agree_with_the_hf_path(tokenizer):

@@ -269,9 +269,10 @@ def generate_rollouts(
        next-token logits; both are then repeated ``G`` times (``repeat_interleave``), so each prompt
        is processed once, not ``G`` times as when ``generate`` is given the repeated prompts;
     3. *decode*: each step samples one token per row, records its log-prob, and feeds only that
-       token (the cache holds the rest). A row that has emitted EOS is finished and is fed padding;
-       once half of the batch has finished, the batch and its cache are halved (``generate`` keeps
-       decoding finished rows to the end), and the loop stops when every row is done.
+       token (the cache holds the rest). A row that has emitted EOS is finished; once half of the
+       batch has finished, the batch and its cache are halved (``generate`` keeps decoding finished
+       rows to the end), and the loop stops when every row is done;
+    4. lay the recorded steps out as (B, T) tensors, masking every position after a row's first EOS.
 
     Position ids count real tokens only (``cumsum`` of the attention mask), so a left-padded prompt
     is processed exactly as the same prompt unpadded; the attention mask hides the padding.
@@ -300,9 +301,7 @@ def generate_rollouts(
     device = resolve_device(device, model)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
 
-    # 1. Prompts: left-padded, (N, P). Each is prefilled once; the cache is then repeated G times,
-    #    so that rows i*G .. i*G+G-1 belong to prompt i (generate() instead repeats the prompts and
-    #    prefills each G times).
+    # 1. Prompts: left-padded, (N, P).
     encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
     prompt_ids, prompt_mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
     _check_prompt_lengths(model, prompt_mask, max_new_tokens)
@@ -310,49 +309,24 @@ def generate_rollouts(
     B, P = len(prompts) * G, prompt_ids.shape[1]
 
     generator = _generator(seed, device)
-    completion_ids = torch.full((B, T), pad_id, dtype=torch.long, device=device)
-    completion_mask = torch.zeros((B, T), dtype=torch.long, device=device)
-    logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)
-    entropies = torch.zeros((B, T), dtype=torch.float32, device=device)
-    done = torch.zeros(B, dtype=torch.bool, device=device)  # has the row emitted EOS yet?
-    # Llama/Qwen2 run through rlbook.lm.lean (the same function over the same weights, without the
-    # per-call overhead of the Hugging Face modules, which dominates at these sizes); any other
-    # model through its forward.
-    use_lean = lean.supports(model)
-    cache = lean.LeanCache(capacity=P + T) if use_lean else DynamicCache(config=model.config)
-    cache_kwarg = _cache_kwarg(model)
-    head = model.get_output_embeddings()
-
-    # (b, V): logits at the last position
-    def next_token_logits(input_ids, attention_mask, position_ids):
-        if use_lean:
-            return head(
-                lean.hidden_states(model, input_ids, attention_mask, position_ids, cache)[:, -1])
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                    use_cache=True, logits_to_keep=1, **{cache_kwarg: cache})
-        return out.logits[:, -1]
-
+    # Llama/Qwen2 decode through rlbook.lm.lean (the Hugging Face function over the same weights,
+    # without the per-call overhead of its modules, which dominates at these sizes); any other
+    # model through its own forward.
+    decoder = lean.Decoder(model, P + T) if lean.decodes(model) else _HFDecoder(model)
     was_training = model.training
     model.eval()
     try:
-        # 2. Prefill: position ids 0, 1, 2, ... over the real tokens (padding gets 0; it is
-        #    masked anyway).
-        position_ids = position_ids_from_mask(prompt_mask)
-        next_logits = next_token_logits(prompt_ids, prompt_mask,
-                                        position_ids).repeat_interleave(G, dim=0)  # (B, V)
-        cache.batch_repeat_interleave(G)
-        prompt_ids, prompt_mask = (prompt_ids.repeat_interleave(G, dim=0),
-                                   prompt_mask.repeat_interleave(G, dim=0))
-        # (B,): the first completion token sits at this position
-        prompt_lengths = prompt_mask.sum(-1)
-        # The attention mask grows by one column per step; build it once and slice. Finished rows
-        # attend to their padding too (mask 1): harmless, nothing they compute after EOS is kept.
-        attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones((B, T))], dim=1)  # (B, P + T)
+        # 2. Prefill each prompt once, then repeat its cache and its logits G times: rows i*G ..
+        #    i*G+G-1 continue prompt i (generate() repeats the prompts, prefilling each G times).
+        next_logits = decoder.prefill(prompt_ids, prompt_mask).repeat_interleave(G, dim=0)  # (B, V)
+        decoder.repeat_interleave(G)
 
         # 3. Decode: the only Python loop, one iteration per generated token. `rows` lists the rows
-        #    of the full batch that are still in the model's batch (and cache); it shrinks as rows
-        #    finish, see below.
+        #    of the full batch still in the decoder's batch; it shrinks as rows finish, see below.
+        #    Each step's draws are kept as they come and laid out once, at the end.
         rows = torch.arange(B, device=device)
+        done = torch.zeros(B, dtype=torch.bool, device=device)  # (b,): has the row ended yet?
+        steps = []  # per step: (rows, token, log-prob, entropy), each (b,)
         for t in range(T):
             scores = next_logits.float() / temperature  # (b, V) float32, b = len(rows)
             if greedy:
@@ -362,17 +336,10 @@ def generate_rollouts(
                 token = _sample(probs, generator)  # (b,)
             log_probs = scores.log_softmax(-1)  # (b, V), untruncated: see above
             token_logprob = log_probs.gather(-1, token[:, None]).squeeze(-1)
-
-            # still generating: this token is part of the completion (EOS included)
-            alive = ~done[rows]
-            completion_ids[rows, t] = torch.where(alive, token, pad_id)
-            completion_mask[rows, t] = alive.long()
-            logprobs[rows, t] = torch.where(alive, token_logprob, 0.0)
-            entropies[rows, t] = torch.where(alive, entropy_from_log_probs(log_probs), 0.0)
-            done[rows] = ~alive | (token == eos_id)
-            steps = t + 1
-            num_alive = int((~done[rows]).sum())  # one host-device sync per step, as in generate()
-            if steps == T or num_alive == 0:  # stop early once every row has ended
+            steps.append((rows, token, token_logprob, entropy_from_log_probs(log_probs)))
+            done = done | (token == eos_id)
+            num_alive = len(rows) - int(done.sum())  # one host-device sync per step, as generate()
+            if t + 1 == T or num_alive == 0:  # stop early once every row has ended
                 break
             # Halve the batch once half of it has finished: decoding finished rows is wasted work,
             # which generate() keeps doing until the last row ends. Halving (rather than dropping
@@ -383,30 +350,90 @@ def generate_rollouts(
             while shrink_batch and num_alive <= size // 2:
                 size //= 2
             if size < len(rows):
-                # unfinished rows first
-                keep = done[rows].to(torch.int8).argsort(stable=True)[:size]
-                cache.batch_select_indices(keep)
-                rows = rows[keep]
-            next_logits = next_token_logits(completion_ids[rows, t : t + 1],
-                                            attention_mask[rows, : P + steps],
-                                            (prompt_lengths[rows] + t)[:, None])
+                keep = done.to(torch.int8).argsort(stable=True)[:size]  # unfinished rows first
+                decoder.select(keep)
+                rows, done, token = rows[keep], done[keep], token[keep]
+            # a finished row still in the batch is fed its own draws: nothing of it is kept
+            next_logits = decoder.step(token)
     finally:
         model.train(was_training)
 
-    completion_mask = completion_mask[:, :steps]
+    # 4. The steps as (B, T) tensors. A completion runs to its first EOS, included; every later
+    #    position gets the pad token, mask 0, log-prob and entropy 0.
+    completion_ids, completion_mask, logprobs, entropies = _layout(steps, B, pad_id, eos_id)
     return RolloutBatch(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        completion_ids=completion_ids[:, :steps],
+        prompt_ids=prompt_ids.repeat_interleave(G, dim=0),
+        prompt_mask=prompt_mask.repeat_interleave(G, dim=0),
+        completion_ids=completion_ids,
         completion_mask=completion_mask,
-        logprobs=logprobs[:, :steps],
-        entropies=entropies[:, :steps],
+        logprobs=logprobs,
+        entropies=entropies,
         lengths=completion_mask.sum(-1),
-        truncated=~done,
+        truncated=~(completion_ids == eos_id).any(-1),
         num_generations=num_generations,
         temperature=float(temperature),
         prompts=list(prompts),
     )
+
+
+def _layout(steps, B: int, pad_id: int, eos_id: int):
+    """The decode steps' ``(rows, token, log-prob, entropy)`` as (B, T) tensors: completion ids,
+    mask, log-probs, entropies. A run of steps over the same rows is stacked and written with one
+    indexed copy per tensor. Every position after a row's first EOS is masked, and so is every step
+    after the row left the batch (it had ended)."""
+    T, device = len(steps), steps[0][1].device
+    ids = torch.full((B, T), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)
+    entropies = torch.zeros((B, T), dtype=torch.float32, device=device)
+    written = torch.zeros((B, T), dtype=torch.bool, device=device)
+    start = 0
+    for end in range(1, T + 1):
+        if end < T and steps[end][0] is steps[start][0]:
+            continue  # the same rows: one stack for the whole run of steps
+        rows, run = steps[start][0], list(zip(*steps[start:end]))  # run: rows, tokens, ...
+        for out, values in zip((ids, logprobs, entropies), run[1:]):
+            out[rows, start:end] = torch.stack(values, dim=1)
+        written[rows, start:end] = True
+        start = end
+    is_eos = ids == eos_id
+    ended_before = (is_eos.cumsum(-1) - is_eos.long()) > 0  # an EOS sits strictly before
+    mask = written & ~ended_before
+    return (ids.masked_fill(~mask, pad_id), mask.long(), logprobs.masked_fill(~mask, 0.0),
+            entropies.masked_fill(~mask, 0.0))
+
+
+class _HFDecoder:
+    """:class:`rlbook.lm.lean.Decoder`'s interface over the Hugging Face forward and its ``DynamicCache``, for the
+    models the lean forward does not reproduce (a mixture of experts, for one)."""
+
+    def __init__(self, model: PreTrainedModel):
+        self.model, self.cache = model, DynamicCache(config=model.config)
+        self.cache_kwarg = _cache_kwarg(model)
+
+    def _logits(self, input_ids, position_ids):
+        with torch.no_grad():
+            out = self.model(input_ids=input_ids, attention_mask=self.attention_mask, position_ids=position_ids,
+                             use_cache=True, logits_to_keep=1, **{self.cache_kwarg: self.cache})
+        return out.logits[:, -1]
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        self.attention_mask, self.positions = attention_mask, attention_mask.sum(-1)
+        return self._logits(input_ids, position_ids_from_mask(attention_mask))
+
+    def repeat_interleave(self, repeats: int) -> None:
+        self.cache.batch_repeat_interleave(repeats)
+        self.attention_mask = self.attention_mask.repeat_interleave(repeats, dim=0)
+        self.positions = self.positions.repeat_interleave(repeats, dim=0)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.attention_mask, self.positions = self.attention_mask[rows], self.positions[rows]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.attention_mask = torch.cat([self.attention_mask, self.attention_mask.new_ones((len(tokens), 1))], 1)
+        logits = self._logits(tokens[:, None], self.positions[:, None])
+        self.positions = self.positions + 1
+        return logits
 
 
 def encode_completions(
