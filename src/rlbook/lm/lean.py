@@ -85,6 +85,9 @@ class Decoder:
         self.kv_heads = config.num_key_value_heads
         self.groups = config.num_attention_heads // config.num_key_value_heads
         self.layers = [(layer, _FusedLayer(layer)) for layer in self.body.layers]
+        self.weights = [fused for _, fused in self.layers]
+        self.embedding = self.body.embed_tokens.weight
+        self.final_norm = self.body.norm.weight, self.body.norm.variance_epsilon
         # per layer: keys (b, kv_heads, d, capacity), stored transposed (the score product then reads them in
         # the layout it wants: 1.5-1.8x faster), values (b, kv_heads, capacity, d); positions < length are filled
         self.keys: list[torch.Tensor] = []
@@ -100,7 +103,7 @@ class Decoder:
         cos, sin = body.rotary_emb(x, torch.arange(self.capacity, device=x.device)[None])  # (1, capacity, d)
         half = cos.shape[-1] // 2
         sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half(t) * sin = roll(t) * this
-        self.cos, self.sin = cos[0, :, None], sin[0, :, None]  # (capacity, 1, d): broadcast over heads
+        self.rope = torch.stack([cos[0], sin[0]], dim=1)[:, :, None]  # (capacity, 2, 1, d): one lookup a step
         self.positions = attention_mask.sum(-1)  # (N,): the position id of each row's next token
         # the mask as a bias added to the scores, one row per (row, kv head); the positions after the prompt are
         # visible (a finished row attends to what it is fed after its end: harmless, nothing after it is kept)
@@ -111,14 +114,15 @@ class Decoder:
         prompt_bias = _mask_bias(_causal(visible[:, None, None, :P], P, P, x.device), self.kv_heads, self.groups,
                                  x.dtype)  # causal within the prompt: (N * kv_heads, groups * P, P)
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # real tokens count from 0
-        cos, sin = self.cos[positions], self.sin[positions]  # (N, P, 1, d)
+        rope = self.rope[positions]  # (N, P, 2, 1, d): the 1 broadcasts over heads
+        cos, sin = rope[:, :, 0], rope[:, :, 1]
         for layer, fused in self.layers:
             q, k, v = (t.transpose(1, 2) for t in _rotated_qkv(layer, x, cos, sin, fused))  # (N, heads, P, d)
             keys = k.new_empty((N, self.kv_heads, k.shape[-1], self.capacity))
             values = v.new_empty((N, self.kv_heads, self.capacity, v.shape[-1]))
             keys[..., :P], values[:, :, :P] = k.transpose(2, 3), v
             self.keys.append(keys), self.values.append(values)
-            out = _attend_cached(layer.self_attn, q, keys[..., :P], v, prompt_bias).transpose(1, 2).reshape(N, P, -1)
+            out = _attend_cached(fused.scaling, q, keys[..., :P], v, prompt_bias).transpose(1, 2).reshape(N, P, -1)
             x = _attention_output_and_mlp(layer, x, out, fused)
         self.length = P
         return self.head(_rms_norm(body.norm, x[:, -1]))
@@ -138,20 +142,28 @@ class Decoder:
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed ``tokens`` (b,), one per row, at the next position; return the next-token logits (b, V)."""
+        """Feed ``tokens`` (b,), one per row, at the next position; return the next-token logits (b, V).
+        The layer of :func:`_rotated_qkv`, :func:`_attend_cached` and :func:`_attention_output_and_mlp`, written
+        out over the plain tensors of :class:`_FusedLayer` for one position per row."""
         t, b = self.length, len(tokens)
         if t >= self.capacity:
             raise ValueError(f"the Decoder is full: it has room for {self.capacity} positions")
-        x = self.body.embed_tokens(tokens)  # (b, H)
-        cos, sin = self.cos[self.positions], self.sin[self.positions]  # (b, 1, d)
+        x = F.embedding(tokens, self.embedding)  # (b, H)
+        rope = self.rope[self.positions]  # (b, 2, 1, d)
+        cos, sin = rope[:, 0], rope[:, 1]
         bias = self.bias.view(b * self.kv_heads, 1, self.capacity)[:, :, : t + 1]
-        for (layer, fused), keys, values in zip(self.layers, self.keys, self.values):
-            q, keys[..., t], values[:, :, t] = _rotated_qkv(layer, x, cos, sin, fused)  # q: (b, heads, d)
-            out = _attend_cached(layer.self_attn, q[:, :, None], keys[..., : t + 1], values[:, :, : t + 1], bias)
-            x = _residual_linear(x, out.view(b, -1), layer.self_attn.o_proj)
-            x = _residual_linear(x, _gated(x, layer, fused), layer.mlp.down_proj)
+        for w, keys, values in zip(self.weights, self.keys, self.values):
+            qkv = F.linear(_rms(x, *w.input_norm), w.qkv_weight, w.qkv_bias).view(b, -1, w.head_dim)
+            qk = qkv[:, : w.num_qk_heads]
+            qk = torch.addcmul(qk * cos, qk.roll(w.head_dim // 2, dims=-1), sin)  # rotary: see hidden_states
+            keys[..., t], values[:, :, t] = qk[:, w.num_heads :], qkv[:, w.num_qk_heads :]
+            out = _attend_cached(w.scaling, qk[:, : w.num_heads, None], keys[..., : t + 1], values[:, :, : t + 1],
+                                 bias)
+            x = _residual_linear(x, out.view(b, -1), w.o_weight_t, w.o_bias)
+            gate, up = F.linear(_rms(x, *w.post_norm), w.gate_up_weight, w.gate_up_bias).chunk(2, dim=-1)
+            x = _residual_linear(x, F.silu(gate).mul_(up), w.down_weight_t, w.down_bias)
         self.length, self.positions = t + 1, self.positions + 1
-        return self.head(_rms_norm(self.body.norm, x))
+        return F.linear(_rms(x, *self.final_norm), self.head.weight, self.head.bias)
 
 
 def _mask_bias(visible: torch.Tensor, kv_heads: int, groups: int, dtype) -> torch.Tensor:
@@ -162,21 +174,28 @@ def _mask_bias(visible: torch.Tensor, kv_heads: int, groups: int, dtype) -> torc
     return bias[:, :, None].expand(B, kv_heads, groups, L, S).reshape(B * kv_heads, groups * L, S)
 
 
-def _residual_linear(x: torch.Tensor, h: torch.Tensor, linear) -> torch.Tensor:
-    """``x + linear(h)`` for (b, in) ``h``, as one ``addmm`` when the layer has no bias."""
-    if linear.bias is not None:
-        return x + F.linear(h, linear.weight, linear.bias)
-    return torch.addmm(x, h, linear.weight.t())
+def _residual_linear(x: torch.Tensor, h: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None):
+    """``x + h @ weight_t (+ bias)`` for (b, in) ``h``: one ``addmm`` when there is no bias."""
+    if bias is not None:
+        return x + F.linear(h, weight_t.t(), bias)
+    return torch.addmm(x, h, weight_t)
 
 
 class _FusedLayer:
-    """A decoder layer's [q; k; v] and [gate; up] weights (and biases) concatenated, for cached decoding."""
+    """A decoder layer's weights for cached decoding: [q; k; v] and [gate; up] concatenated (with their biases),
+    the output and down projections transposed for ``addmm``, the norms' scales and epsilons, as plain tensors
+    and numbers (reading them off the modules at every step costs more than the arithmetic, at these sizes)."""
 
     def __init__(self, layer):
         attn, mlp = layer.self_attn, layer.mlp
         with torch.no_grad():
             self.qkv_weight, self.qkv_bias = _concatenated(attn.q_proj, attn.k_proj, attn.v_proj)
             self.gate_up_weight, self.gate_up_bias = _concatenated(mlp.gate_proj, mlp.up_proj)
+        self.o_weight_t, self.o_bias = attn.o_proj.weight.t(), attn.o_proj.bias
+        self.down_weight_t, self.down_bias = mlp.down_proj.weight.t(), mlp.down_proj.bias
+        self.input_norm = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
+        self.post_norm = layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon
+        self.head_dim, self.scaling = attn.head_dim, attn.scaling
         self.num_heads = attn.q_proj.out_features // attn.head_dim
         self.num_qk_heads = self.num_heads + attn.k_proj.out_features // attn.head_dim
 
@@ -190,13 +209,17 @@ def _concatenated(*projections) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def _rms_norm(module, x: torch.Tensor) -> torch.Tensor:
+    return _rms(x, module.weight, module.variance_epsilon)
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # LlamaRMSNorm / Qwen2RMSNorm: normalise in float32, cast back, then scale; in float32, torch's fused kernel.
-    if x.dtype == torch.float32 and module.weight.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     dtype = x.dtype
     h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
-    return module.weight * h.to(dtype)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -229,7 +252,7 @@ def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     return _packed_hidden_states(model, input_ids, attention_mask, position_ids, wanted)
 
 
-def _attend_cached(attn, q, keys, values, bias):
+def _attend_cached(scaling: float, q, keys, values, bias):
     """Attention for cached decoding: queries (B, heads, L, d) over the cache's keys, transposed (B, kv_heads, d,
     S), and values (B, kv_heads, S, d); ``bias`` (B * kv_heads, groups * L, S) holds 0 where visible and the
     dtype's minimum elsewhere.
@@ -241,7 +264,7 @@ def _attend_cached(attn, q, keys, values, bias):
     kv_heads, S = keys.shape[1], keys.shape[3]
     groups = H // kv_heads
     scores = torch.baddbmm(bias, q.reshape(B * kv_heads, groups * L, d), keys.reshape(B * kv_heads, d, S),
-                           alpha=attn.scaling)
+                           alpha=scaling)
     probs = scores.softmax(-1, dtype=torch.float32).to(q.dtype)
     return torch.bmm(probs, values.reshape(B * kv_heads, S, d)).view(B, H, L, d)
 
