@@ -138,3 +138,16 @@ def test_shared_prompts_run_once_with_the_same_result_and_gradient(tokenizer, ar
     assert torch.allclose(h0, h1, atol=AGREE, rtol=0)
     for a, b in zip(g0, g1):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("columns", [1, 7, 15, 16, 40])
+def test_softmax_padding_gives_the_softmax_and_its_gradient(columns):
+    """lean._softmax pads short rows to 16 columns on a CPU (speed); values and gradients are torch's."""
+    scores = torch.randn(6, 3, columns, generator=torch.Generator().manual_seed(columns))
+    scores[0, 0, 0] = torch.finfo(torch.float32).min  # a masked position
+    ours, ref = scores.clone().requires_grad_(), scores.clone().requires_grad_()
+    out, expected = lean._softmax(ours), ref.softmax(-1)
+    assert out.shape == expected.shape and torch.allclose(out, expected, atol=1e-6, rtol=0)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    (out * weights).sum().backward(), (expected * weights).sum().backward()
+    assert torch.allclose(ours.grad, ref.grad, atol=1e-6, rtol=0)
