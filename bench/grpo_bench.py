@@ -242,8 +242,8 @@ def run_forward(args, calls: int = 30) -> dict:
             hf_cache = DynamicCache(config=model.config)
             model(input_ids=full_ids[:, : P + 4], attention_mask=full_mask[:, : P + 4],
                   position_ids=positions[:, : P + 4], past_key_values=hf_cache, use_cache=True)
-            lean_cache = lean.LeanCache()
-            lean.hidden_states(model, full_ids[:, : P + 4], full_mask[:, : P + 4], positions[:, : P + 4], lean_cache)
+            decoder = lean.Decoder(model, P + 5)
+            decoder.prefill(full_ids[:, : P + 4], full_mask[:, : P + 4])
         step = dict(input_ids=full_ids[:, P + 4 : P + 5], attention_mask=full_mask[:, : P + 5],
                     position_ids=positions[:, P + 4 : P + 5])
 
@@ -252,12 +252,9 @@ def run_forward(args, calls: int = 30) -> dict:
             model(**step, past_key_values=hf_cache, use_cache=True, logits_to_keep=1)
             hf_cache.crop(-1)  # back to the prompt + 4 tokens
 
-        @torch.no_grad()
         def decode_lean():
-            cache = lean.LeanCache()
-            cache.keys, cache.values = list(lean_cache.keys), list(lean_cache.values)
-            model.lm_head(lean.hidden_states(model, step["input_ids"], step["attention_mask"],
-                                             step["position_ids"], cache)[:, -1])
+            decoder.step(full_ids[:, P + 4])
+            decoder.length, decoder.positions = decoder.length - 1, decoder.positions - 1  # back to prompt + 4
 
         def train_hf():
             model.base_model(input_ids=full_ids, attention_mask=full_mask, position_ids=positions,
