@@ -269,9 +269,9 @@ def generate_rollouts(
        next-token logits; both are then repeated ``G`` times (``repeat_interleave``), so each prompt
        is processed once, not ``G`` times as when ``generate`` is given the repeated prompts;
     3. *decode*: each step samples one token per row, records its log-prob, and feeds only that
-       token (the cache holds the rest). A row that has emitted EOS is finished; once half of the
-       batch has finished, the batch and its cache are halved (``generate`` keeps decoding finished
-       rows to the end), and the loop stops when every row is done;
+       token (the cache holds the rest). A row that has emitted EOS is finished; once a quarter of
+       the rows in the model's batch have finished they leave it and the cache (``generate`` keeps
+       decoding finished rows to the end), and the loop stops when every row is done;
     4. lay the recorded steps out as (B, T) tensors, masking every position after a row's first EOS.
 
     Position ids count real tokens only (``cumsum`` of the attention mask), so a left-padded prompt
@@ -292,9 +292,10 @@ def generate_rollouts(
     afterwards.
 
     ``shrink_batch=False`` keeps every row in the batch to the end, as ``generate`` does: one batch
-    shape throughout. Measured on an H200 under bf16 autocast (bench/rollout_bench.py), the halved
-    batches' new shapes cost more in cuDNN attention planning than they saved, for these tiny
-    models; on a CPU shrinking only helps.
+    shape throughout. Measured on an H200 under bf16 autocast (bench/rollout_bench.py, when the batch
+    was halved as rows ended), the new shapes cost more in cuDNN attention planning than they saved,
+    for these tiny models; on a CPU shrinking only helps. Either way a seed draws the same tokens:
+    the random draws keep the layout of a batch that is only ever halved (see the loop).
     """
     _check_sampling_args(prompts, num_generations, max_new_tokens, temperature, top_k, top_p)
     check_tokenizer(tokenizer)
@@ -321,39 +322,46 @@ def generate_rollouts(
         next_logits = decoder.prefill(prompt_ids, prompt_mask).repeat_interleave(G, dim=0)  # (B, V)
         decoder.repeat_interleave(G)
 
-        # 3. Decode: the only Python loop, one iteration per generated token. `rows` lists the rows
-        #    of the full batch still in the decoder's batch; it shrinks as rows finish, see below.
-        #    Each step's draws are kept as they come and laid out once, at the end.
+        # 3. Decode: the only Python loop, one iteration per generated token, over two batches:
+        #    - the *draw* batch, `rows` of the full batch: each step draws a token for each of its
+        #      rows. Once half of it has finished it is halved (unfinished rows first), so its sizes
+        #      are B, B/2, B/4, ...: a seed's draws do not depend on what the decoder holds;
+        #    - the *decoder* batch, the positions `live` of the draw batch that the model runs on.
+        #      Finished rows leave it once they are a quarter of it: decoding finished rows is
+        #      wasted work, which generate() does until the last row ends.
+        #    Each step's tokens, log-probs and entropies are kept as they come, laid out at the end.
         rows = torch.arange(B, device=device)
-        done = torch.zeros(B, dtype=torch.bool, device=device)  # (b,): has the row ended yet?
-        steps = []  # per step: (rows, token, log-prob, entropy), each (b,)
+        live = held = rows  # held = rows[live]: the decoder's rows, as rows of the full batch
+        ended = torch.zeros(B, dtype=torch.bool, device=device)  # (n,): has the row ended yet?
+        steps = []  # per step: (held, token, log-prob, entropy), each (n,), n = len(live)
         for t in range(T):
-            scores = next_logits.float() / temperature  # (b, V) float32, b = len(rows)
+            scores = next_logits.float() / temperature  # (n, V) float32
             if greedy:
                 token = scores.argmax(-1)
             else:
                 probs = F.softmax(_filter_top_k_top_p(scores, top_k, top_p), dim=-1)
-                token = _sample(probs, generator)  # (b,)
-            log_probs = scores.log_softmax(-1)  # (b, V), untruncated: see above
+                token = _sample_rows(probs, live, len(rows), generator)  # (n,)
+            log_probs = scores.log_softmax(-1)  # (n, V), untruncated: see above
             token_logprob = log_probs.gather(-1, token[:, None]).squeeze(-1)
-            steps.append((rows, token, token_logprob, entropy_from_log_probs(log_probs)))
-            done = done | (token == eos_id)
-            num_alive = len(rows) - int(done.sum())  # one host-device sync per step, as generate()
+            steps.append((held, token, token_logprob, entropy_from_log_probs(log_probs)))
+            ended = ended | (token == eos_id)
+            num_alive = len(live) - int(ended.sum())  # one host-device sync a step, as generate()
             if t + 1 == T or num_alive == 0:  # stop early once every row has ended
                 break
-            # Halve the batch once half of it has finished: decoding finished rows is wasted work,
-            # which generate() keeps doing until the last row ends. Halving (rather than dropping
-            # each finished row at once) keeps the batch sizes to B, B/2, B/4, ...: few copies of
-            # the cache, and few distinct shapes, which matters on a GPU, where attention kernels
-            # (cuDNN's under bf16) are planned anew for every new shape.
             size = len(rows)
             while shrink_batch and num_alive <= size // 2:
                 size //= 2
-            if size < len(rows):
-                keep = done.to(torch.int8).argsort(stable=True)[:size]  # unfinished rows first
-                decoder.select(keep)
-                rows, done, token = rows[keep], done[keep], token[keep]
-            # a finished row still in the batch is fed its own draws: nothing of it is kept
+            if size < len(rows) or (shrink_batch and 4 * (len(live) - num_alive) >= len(live)):
+                kept = (~ended).nonzero().squeeze(1)  # the decoder keeps its unfinished rows
+                decoder.select(kept)
+                live, token, ended = live[kept], token[kept], ended[kept]
+                if size < len(rows):  # halve the draw batch, its unfinished rows first, in order
+                    done = torch.ones(len(rows), dtype=torch.bool, device=device).index_fill_(
+                        0, live, False)
+                    rows = rows[done.to(torch.int8).argsort(stable=True)[:size]]
+                    live = torch.arange(num_alive, device=device)
+                held = rows[live]
+            # a finished row still in the decoder is fed its own draws: nothing of it is kept
             next_logits = decoder.step(token)
     finally:
         model.train(was_training)
@@ -596,6 +604,17 @@ def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
     """
     race = torch.empty_like(probs).exponential_(1.0, generator=generator)
     return (probs / race).argmax(dim=-1)
+
+
+def _sample_rows(probs: torch.Tensor, live: torch.Tensor, size: int,
+                 generator: torch.Generator | None) -> torch.Tensor:
+    """:func:`_sample` for the rows ``live`` of a draw batch of ``size`` rows whose other rows have ended: the
+    draw is made for the whole batch (the ended rows draw from zeros and are thrown away), so that which rows the
+    decoder still holds changes no row's token."""
+    if len(live) == size:
+        return _sample(probs, generator)
+    whole = probs.new_zeros((size, probs.shape[1])).index_copy_(0, live, probs)
+    return _sample(whole, generator)[live]
 
 
 def _generator(seed: int | torch.Generator | None, device: torch.device) -> torch.Generator | None:
