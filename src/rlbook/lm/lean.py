@@ -155,7 +155,7 @@ class Decoder:
         for w, keys, values in zip(self.weights, self.keys, self.values):
             qkv = F.linear(_rms(x, *w.input_norm), w.qkv_weight, w.qkv_bias).view(b, -1, w.head_dim)
             qk = qkv[:, : w.num_qk_heads]
-            qk = torch.addcmul(qk * cos, qk.roll(w.head_dim // 2, dims=-1), sin)  # rotary: see hidden_states
+            qk = torch.addcmul(qk * cos, qk.roll(w.head_dim // 2, dims=-1), sin)  # rotary (sin pre-signed, prefill)
             keys[..., t], values[:, :, t] = qk[:, w.num_heads :], qkv[:, w.num_qk_heads :]
             out = _attend_cached(w.scaling, qk[:, : w.num_heads, None], keys[..., : t + 1], values[:, :, : t + 1],
                                  bias)
@@ -314,7 +314,7 @@ def _rotated_qkv(layer, x, cos, sin, fused: _FusedLayer | None = None):
     h = _rms_norm(layer.input_layernorm, x)
     if fused is not None:
         qkv = F.linear(h, fused.qkv_weight, fused.qkv_bias).unflatten(-1, (-1, attn.head_dim))
-        qk = qkv[..., : fused.num_qk_heads, :]  # here `sin` is signed for the roll (see hidden_states)
+        qk = qkv[..., : fused.num_qk_heads, :]  # here `sin` is signed for the roll (see Decoder.prefill)
         qk = torch.addcmul(qk * cos, qk.roll(attn.head_dim // 2, dims=-1), sin)
         return qk[..., : fused.num_heads, :], qk[..., fused.num_heads :, :], qkv[..., fused.num_qk_heads :, :]
     q, k, v = (F.linear(h, proj.weight, proj.bias).unflatten(-1, (-1, attn.head_dim))
