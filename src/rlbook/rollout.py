@@ -294,8 +294,9 @@ def generate_rollouts(
     ``shrink_batch=False`` keeps every row in the batch to the end, as ``generate`` does: one batch
     shape throughout. Measured on an H200 under bf16 autocast (bench/rollout_bench.py, when the
     batch was halved as rows ended), the new shapes cost more in cuDNN attention planning than they
-    saved, for these tiny models; on a CPU shrinking only helps. Either way a seed draws the same
-    tokens: the random draws keep the layout of a batch that is only ever halved (see the loop).
+    saved, for these tiny models; on a CPU shrinking only helps. Which rows the model's batch holds
+    changes no token: the random draws keep the layout of a draw batch that is only ever halved (see
+    the loop). With ``shrink_batch=False`` that batch is not halved either, so the draws differ.
     """
     _check_sampling_args(prompts, num_generations, max_new_tokens, temperature, top_k, top_p)
     check_tokenizer(tokenizer)
