@@ -388,13 +388,12 @@ def generate_rollouts(
 def _layout(steps, B: int, pad_id: int, eos_id: int):
     """The decode steps' ``(rows, token, log-prob, entropy)`` as (B, T) tensors: completion ids,
     mask, log-probs, entropies. A run of steps over the same rows is stacked and written with one
-    indexed copy per tensor. Every position after a row's first EOS is masked, and so is every step
-    after the row left the batch (it had ended)."""
+    indexed copy per tensor. Every position after a row's first EOS is masked; that covers the steps
+    after a row left the batch, since only ended rows leave it."""
     T, device = len(steps), steps[0][1].device
     ids = torch.full((B, T), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)
     entropies = torch.zeros((B, T), dtype=torch.float32, device=device)
-    written = torch.zeros((B, T), dtype=torch.bool, device=device)
     start = 0
     for end in range(1, T + 1):
         if end < T and steps[end][0] is steps[start][0]:
@@ -402,11 +401,10 @@ def _layout(steps, B: int, pad_id: int, eos_id: int):
         rows, run = steps[start][0], list(zip(*steps[start:end]))  # run: rows, tokens, ...
         for out, values in zip((ids, logprobs, entropies), run[1:]):
             out[rows, start:end] = torch.stack(values, dim=1)
-        written[rows, start:end] = True
         start = end
     is_eos = ids == eos_id
     ended_before = (is_eos.cumsum(-1) - is_eos.long()) > 0  # an EOS sits strictly before
-    mask = written & ~ended_before
+    mask = ~ended_before
     return (ids.masked_fill(~mask, pad_id), mask.long(), logprobs.masked_fill(~mask, 0.0),
             entropies.masked_fill(~mask, 0.0))
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rlbook.lm.model import position_ids_from_mask
+
 try:  # the two architectures of rlbook.lm.model
     from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
@@ -85,7 +87,6 @@ class Decoder:
         self.kv_heads = config.num_key_value_heads
         self.groups = config.num_attention_heads // config.num_key_value_heads
         self.layers = [(layer, _FusedLayer(layer)) for layer in self.body.layers]
-        self.weights = [fused for _, fused in self.layers]
         self.embedding = self.body.embed_tokens.weight
         self.final_norm = self.body.norm.weight, self.body.norm.variance_epsilon
         # per layer: keys (b, kv_heads, d, capacity), stored transposed (the score product then reads them in
@@ -113,8 +114,7 @@ class Decoder:
         self.bias = self.bias.view(N, self.kv_heads, 1, self.capacity)
         prompt_bias = _mask_bias(_causal(visible[:, None, None, :P], P, P, x.device), self.kv_heads, self.groups,
                                  x.dtype)  # causal within the prompt: (N * kv_heads, groups * P, P)
-        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # real tokens count from 0
-        rope = self.rope[positions]  # (N, P, 2, 1, d): the 1 broadcasts over heads
+        rope = self.rope[position_ids_from_mask(attention_mask)]  # (N, P, 2, 1, d): 1 broadcasts over heads
         cos, sin = rope[:, :, 0], rope[:, :, 1]
         for layer, fused in self.layers:
             q, k, v = (t.transpose(1, 2) for t in _rotated_qkv(layer, x, cos, sin, fused))  # (N, heads, P, d)
@@ -152,7 +152,7 @@ class Decoder:
         rope = self.rope[self.positions]  # (b, 2, 1, d)
         cos, sin = rope[:, 0], rope[:, 1]
         bias = self.bias.view(b * self.kv_heads, 1, self.capacity)[:, :, : t + 1]
-        for w, keys, values in zip(self.weights, self.keys, self.values):
+        for (_, w), keys, values in zip(self.layers, self.keys, self.values):
             qkv = F.linear(_rms(x, *w.input_norm), w.qkv_weight, w.qkv_bias).view(b, -1, w.head_dim)
             qk = qkv[:, : w.num_qk_heads]
             qk = torch.addcmul(qk * cos, qk.roll(w.head_dim // 2, dims=-1), sin)  # rotary (sin pre-signed, prefill)
@@ -330,12 +330,6 @@ def _attention_output_and_mlp(layer, x, attention_out, fused: _FusedLayer | None
 
 
 def _mlp(layer, x, fused: _FusedLayer | None = None):
-    down = layer.mlp.down_proj
-    return F.linear(_gated(x, layer, fused), down.weight, down.bias)
-
-
-def _gated(x, layer, fused: _FusedLayer | None = None):
-    """The MLP's ``silu(gate) * up`` of its normalised input ``x``, before the down projection."""
     mlp = layer.mlp
     h = _rms_norm(layer.post_attention_layernorm, x)
     if fused is not None:
@@ -343,7 +337,7 @@ def _gated(x, layer, fused: _FusedLayer | None = None):
     else:
         gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
         up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
-    return F.silu(gate) * up
+    return F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
 
 
 def _packed_hidden_states(model, input_ids, attention_mask, position_ids, wanted):
