@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlbook.lm import autocast
+from rlbook.lm import adamw, autocast
 from rlbook.objectives import DPO_LOSS_TYPES, dpo_loss
 from rlbook.rollout import encode_completions, sequence_logprobs
 from rlbook.tasks.preferences import PreferencePair
@@ -189,7 +189,7 @@ def train_dpo(model, tokenizer, train_pairs: list[PreferencePair], test_pairs: l
 
     rng = np.random.default_rng(config.seed)
     torch.manual_seed(config.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
+    optimizer = adamw(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
     order, position = rng.permutation(len(train_pairs)), 0
     history = []
     model.train()

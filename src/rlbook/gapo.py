@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
+from rlbook.lm import adamw
 from rlbook.lm.value import build_value_model
 from rlbook.reward_model import (
     RewardModelConfig,
@@ -232,7 +233,7 @@ def train_gapo(policy, tokenizer, task, config: GAPOConfig | None = None, *, enc
     rl = preset("ppo", beta=config.beta, seed=config.seed, **config.rl)
     trainer = Trainer(policy, tokenizer, task, rl, reward_fn=scorer,
                       value_model=build_value_model(policy, seed=config.seed))
-    optimizer = torch.optim.AdamW(encoder.parameters(), lr=config.encoder_lr)
+    optimizer = adamw(encoder.parameters(), lr=config.encoder_lr)
     rng = np.random.default_rng([config.seed, 3])
     history = [{"round": 0, "pair_accuracy": warmup[1], "gold": trainer.evaluate(),
                 "reward": float("nan"), "train_gold": float("nan"), "objective/kl_per_token": 0.0,

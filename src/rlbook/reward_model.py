@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from rlbook.lm import autocast
+from rlbook.lm import adamw, autocast
 from rlbook.lm.model import position_ids_from_mask
 from rlbook.lm.value import scalar_head_model
 from rlbook.rollout import encode_completions
@@ -151,7 +151,7 @@ def train_reward_model(model, tokenizer, train_pairs: list[PreferencePair], test
     if not train_pairs or not test_pairs:
         raise ValueError("train_reward_model needs training and test pairs")
     rng = np.random.default_rng(config.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    optimizer = adamw(model.parameters(), lr=config.lr)
     history = RewardModelHistory()
     for step in range(1, config.steps + 1):
         batch = [train_pairs[i] for i in rng.integers(len(train_pairs), size=config.batch_size)]

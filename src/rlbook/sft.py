@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from rlbook.lm import autocast
+from rlbook.lm import adamw, autocast
 from rlbook.rollout import encode_completions, generate_rollouts, sequence_logprobs
 from rlbook.tasks import Task
 
@@ -107,7 +107,7 @@ def train_sft(model, tokenizer, task: Task, config: SFTConfig | None = None) -> 
     device = next(model.parameters()).device
     rng = np.random.default_rng(config.seed)  # the training batches; the held-out set has its own stream
     held_out = task.sample(config.eval_size, seed=np.random.default_rng((config.seed, 1)), split="test")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = adamw(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / config.warmup_steps))
     history = SFTHistory()
 

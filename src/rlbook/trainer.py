@@ -43,7 +43,7 @@ from rlbook.distributed import (
     shard_groups,
 )
 from rlbook.files import read_checkpoint, write_checkpoint
-from rlbook.lm import autocast
+from rlbook.lm import adamw, autocast
 from rlbook.lm.moe import expert_choices, is_moe, replay_routes, routers
 from rlbook.lm.value import build_value_model, token_values
 from rlbook.metrics import explained_variance, rollout_metrics
@@ -120,7 +120,7 @@ class Trainer:
         groups = [{"params": [p for p in params if all(p is not g for g in gates)]}]
         if gates:
             groups.append({"params": gates, "lr": config.router_learning_rate, "name": "router"})
-        self.optimizer = torch.optim.AdamW(groups, lr=config.learning_rate,
+        self.optimizer = adamw(groups, lr=config.learning_rate,
                                            weight_decay=config.weight_decay)
         # λ-GRPO's learnable λ: its own parameter group, outside the clipping
         self.response_weight_lambda = None

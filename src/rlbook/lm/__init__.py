@@ -7,7 +7,7 @@
 Sampling and log-probs of completions live in :mod:`rlbook.rollout`.
 """
 
-from rlbook.lm.device import autocast, default_device, resolve_device
+from rlbook.lm.device import adamw, autocast, default_device, resolve_device
 from rlbook.lm.model import (
     ARCHITECTURES,
     MODEL_SIZES,
@@ -24,6 +24,7 @@ __all__ = [
     "MODEL_SIZES",
     "ModelSize",
     "VOCAB",
+    "adamw",
     "autocast",
     "build_model",
     "build_tokenizer",
