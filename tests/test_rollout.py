@@ -8,6 +8,7 @@ import torch
 from rlbook.lm import build_model
 from rlbook.rollout import (
     RolloutBatch,
+    _exponentials,
     _filter_top_k_top_p,
     _sample,
     encode_completions,
@@ -327,6 +328,18 @@ def test_exponential_race_samples_the_categorical_distribution():
     freq = torch.bincount(draws, minlength=5).float() / len(draws)
     torch.testing.assert_close(freq, probs, atol=0.01, rtol=0)  # 4 standard errors is about 0.01
     assert int((draws == 4).sum()) == 0  # a probability-0 token is never drawn
+
+
+@pytest.mark.parametrize("shape", [(128, 62), (3, 5), (1, 1)])
+def test_exponentials_are_the_numbers_of_torch_exponential(shape):
+    """On a CPU our draw over a whole tensor gives what Tensor.exponential_ gives from the same generator state,
+    number for number (so every seed samples the tokens it sampled before), and leaves the generator where
+    exponential_ leaves it."""
+    ours, theirs = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    like = torch.empty(shape)
+    for _ in range(3):  # consecutive draws: the generator advances alike
+        assert torch.equal(_exponentials(like, ours), torch.empty(shape).exponential_(1.0, generator=theirs))
+    assert torch.equal(ours.get_state(), theirs.get_state())
 
 
 # ---------------------------------------------------------------- bad input

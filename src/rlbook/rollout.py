@@ -601,8 +601,20 @@ def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
     ``v`` with probability ``probs[v] / sum(probs)``. ``torch.multinomial(probs, 1)`` draws the same way (on a
     CPU it gives the very same tokens from the same generator); written out here so that the trick is visible.
     """
-    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
-    return (probs / race).argmax(dim=-1)
+    return (probs / _exponentials(probs, generator)).argmax(dim=-1)
+
+
+def _exponentials(like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Exponential(1) draws shaped and typed as ``like``: ``like.exponential_(1.0, generator=generator)``'s numbers.
+
+    On a CPU torch draws them as ``-log(1 - U)``, ``U`` uniform in float64, one element at a time; the same
+    formula over a whole tensor of uniforms gives the same numbers from the same generator, 2-3x faster for a
+    decode step's (128, 62) (tests/test_rollout.py checks that they agree).
+    """
+    if like.device.type != "cpu":
+        return torch.empty_like(like).exponential_(1.0, generator=generator)
+    uniform = torch.rand(like.shape, dtype=torch.float64, generator=generator)
+    return uniform.neg_().log1p_().neg_().to(like.dtype)
 
 
 def _sample_rows(probs: torch.Tensor, live: torch.Tensor, size: int,
