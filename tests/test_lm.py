@@ -258,3 +258,30 @@ def test_moe_model_samples_scores_and_trains(tokenizer):
     metrics = Trainer(model, tokenizer, task, rl).train_step()
     assert metrics["optimizer_steps"] == 4
     assert any(not torch.allclose(a, b, rtol=0, atol=1e-9) for a, b in zip(before, model.parameters()))
+
+
+# ---------------------------------------------------------------- the optimizer
+
+def test_adamw_is_fused_on_cpu_and_takes_the_unfused_update():
+    """rlbook.lm.adamw picks torch's fused kernel for CPU parameters (param groups too), keeps an explicit choice,
+    and its steps are AdamW's: a fused and a plain optimizer from the same start stay within rounding."""
+    from rlbook.lm import adamw
+
+    torch.manual_seed(0)
+    model = build_model("tiny")
+    twin, start = copy.deepcopy(model), copy.deepcopy(model)
+    fused = adamw(model.parameters(), lr=1e-2, weight_decay=0.1)
+    plain = adamw(twin.parameters(), lr=1e-2, weight_decay=0.1, fused=False)
+    assert fused.defaults["fused"] is True and not plain.defaults["fused"]
+    groups = adamw([{"params": list(model.parameters())[:2]}, {"params": list(model.parameters())[2:], "lr": 0.1}])
+    assert groups.defaults["fused"] is True and len(groups.param_groups) == 2
+    ids = torch.randint(4, 60, (4, 12))
+    for _ in range(5):
+        for net, opt in ((model, fused), (twin, plain)):
+            opt.zero_grad()
+            net(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    moved = max((p - q).abs().max().item() for p, q in zip(model.parameters(), start.parameters()))
+    assert moved > 1e-3  # the steps did something
