@@ -330,15 +330,16 @@ def test_exponential_race_samples_the_categorical_distribution():
     assert int((draws == 4).sum()) == 0  # a probability-0 token is never drawn
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("shape", [(128, 62), (3, 5), (1, 1)])
-def test_exponentials_are_the_numbers_of_torch_exponential(shape):
+def test_exponentials_are_the_numbers_of_torch_exponential(shape, dtype):
     """On a CPU our draw over a whole tensor gives what Tensor.exponential_ gives from the same generator state,
     number for number (so every seed samples the tokens it sampled before), and leaves the generator where
-    exponential_ leaves it."""
+    exponential_ leaves it; in every dtype (float64 goes to exponential_ itself: its kernel draws otherwise)."""
     ours, theirs = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
-    like = torch.empty(shape)
+    like = torch.empty(shape, dtype=dtype)
     for _ in range(3):  # consecutive draws: the generator advances alike
-        assert torch.equal(_exponentials(like, ours), torch.empty(shape).exponential_(1.0, generator=theirs))
+        assert torch.equal(_exponentials(like, ours), torch.empty_like(like).exponential_(1.0, generator=theirs))
     assert torch.equal(ours.get_state(), theirs.get_state())
 
 

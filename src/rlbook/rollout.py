@@ -607,11 +607,12 @@ def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
 def _exponentials(like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Exponential(1) draws shaped and typed as ``like``: ``like.exponential_(1.0, generator=generator)``'s numbers.
 
-    On a CPU torch draws them as ``-log(1 - U)``, ``U`` uniform in float64, one element at a time; the same
-    formula over a whole tensor of uniforms gives the same numbers from the same generator, 2-3x faster for a
-    decode step's (128, 62) (tests/test_rollout.py checks that they agree).
+    For float32, float16 and bfloat16 on a CPU torch draws them as ``-log(1 - U)``, ``U`` uniform in float64,
+    one element at a time; the same formula over a whole tensor of uniforms gives the same numbers from the same
+    generator, 2-3x faster for a decode step's (128, 62) (tests/test_rollout.py checks that they agree). Other
+    devices and float64 (whose kernel draws differently) call ``exponential_`` itself.
     """
-    if like.device.type != "cpu":
+    if like.device.type != "cpu" or like.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return torch.empty_like(like).exponential_(1.0, generator=generator)
     uniform = torch.rand(like.shape, dtype=torch.float64, generator=generator)
     return uniform.neg_().log1p_().neg_().to(like.dtype)
