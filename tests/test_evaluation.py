@@ -9,7 +9,7 @@ from scipy import stats
 
 from rlbook.checkpoints import RECIPES, load_base_policy
 from rlbook.evaluation import (PolicyEvaluation, detectable_effect, evaluate_policy, paired_difference,
-                               prompt_interval, seeds_needed)
+                               paired_t_power, prompt_interval, seeds_needed)
 from rlbook.rollout import generate_rollouts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -108,9 +108,25 @@ def test_paired_difference_is_the_t_interval_of_the_per_seed_differences():
         paired_difference(baseline, np.array([0.5, np.nan, 0.5, 0.5, 0.5]))
 
 
-def test_seeds_needed_follows_the_power_formula():
-    assert seeds_needed(1.0, 1.0) == math.ceil((stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) ** 2) == 8
-    assert seeds_needed(0.02, 0.01) == math.ceil((2.8016 * 2) ** 2)  # halving the effect quadruples the seeds
+def simulated_power(seed_sd, effect, seeds, draws=200_000, seed=0):
+    """The share of simulated experiments whose paired t-interval excludes 0 (the definition of power)."""
+    d = np.random.default_rng(seed).normal(effect, seed_sd, size=(draws, seeds))
+    t = d.mean(axis=1) / (d.std(axis=1, ddof=1) / math.sqrt(seeds))
+    return float(np.mean(np.abs(t) > stats.t.ppf(0.975, seeds - 1)))
+
+
+@pytest.mark.parametrize("seeds,effect", [(3, 2.0), (5, 1.0), (8, 0.7)])
+def test_paired_t_power_is_what_a_simulation_of_the_t_test_finds(seeds, effect):
+    assert paired_t_power(1.0, effect, seeds) == pytest.approx(simulated_power(1.0, effect, seeds), abs=0.005)
+    assert paired_t_power(1.0, -effect, seeds) == paired_t_power(1.0, effect, seeds)  # two-sided
+    assert paired_t_power(1.0, 0.0, seeds) == pytest.approx(0.05)  # no effect: the test's level
+
+
+def test_seeds_needed_is_the_fewest_seeds_with_the_power_and_more_than_the_normal_approximation():
+    normal = math.ceil((stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) ** 2)  # 8 for effect = sd
+    needed = seeds_needed(1.0, 1.0)
+    assert needed == 10 > normal
+    assert paired_t_power(1.0, 1.0, needed) >= 0.8 > paired_t_power(1.0, 1.0, needed - 1)
     assert seeds_needed(0.001, 1.0) == 2
     for bad in ({"seed_sd": 0.0, "effect": 1.0}, {"seed_sd": 1.0, "effect": 0.0},
                 {"seed_sd": 1.0, "effect": 1.0, "power": 1.0}):
@@ -119,11 +135,13 @@ def test_seeds_needed_follows_the_power_formula():
 
 
 def test_detectable_effect_is_the_inverse_of_seeds_needed():
-    z = stats.norm.ppf(0.975) + stats.norm.ppf(0.8)
-    assert detectable_effect(0.9, 5) == pytest.approx(z * 0.9 / math.sqrt(5))
+    effect = detectable_effect(0.9, 5)
+    assert paired_t_power(0.9, effect, 5) == pytest.approx(0.8, abs=1e-9)
+    # five seeds detect about 1.68 sd, not the normal approximation's 1.25 sd
+    assert effect / 0.9 == pytest.approx(1.682, abs=1e-3) and effect / 0.9 > 2.8016 / math.sqrt(5)
     effect = detectable_effect(0.23, 8)
     assert seeds_needed(0.23, effect * 1.001) == 8  # eight seeds are just enough for that effect
-    for bad in ({"seed_sd": 0.0, "seeds": 5}, {"seed_sd": 1.0, "seeds": 0}, {"seed_sd": 1.0, "seeds": 5, "alpha": 0}):
+    for bad in ({"seed_sd": 0.0, "seeds": 5}, {"seed_sd": 1.0, "seeds": 1}, {"seed_sd": 1.0, "seeds": 5, "alpha": 0}):
         with pytest.raises(ValueError):
             detectable_effect(**bad)
 

@@ -15,7 +15,8 @@ held-out prompts (1,000 or more in an experiment) and keeps every verdict, so th
 Arms of an experiment are compared on **paired seeds**: the same held-out prompts and the same sampling stream
 (``seed``) for every arm, so that the difference between two arms is not diluted by which prompts or random
 numbers each drew. :func:`paired_difference` gives the interval of such a difference over training seeds and
-:func:`seeds_needed` how many seeds an effect of a given size needs, from a pilot's per-seed spread.
+:func:`seeds_needed` how many seeds an effect of a given size needs, from a pilot's per-seed spread (power from the
+noncentral t, :func:`paired_t_power`).
 """
 
 from __future__ import annotations
@@ -219,38 +220,59 @@ def paired_difference(baseline, fix, confidence: float = 0.95):
     return mean_interval(fix - baseline, confidence)
 
 
-def _power_z(alpha: float, power: float) -> float:
-    """``z_{1-alpha/2} + z_power`` of a two-sided test at level ``alpha`` with probability ``power``."""
-    from scipy import stats
-
-    if not (0 < alpha < 1 and 0 < power < 1):
-        raise ValueError(f"alpha and power must lie in (0, 1), got {alpha} and {power}")
-    return stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
-
-
-def _check_sd(seed_sd: float) -> None:
+def _check_power_arguments(seed_sd: float, alpha: float, power: float) -> None:
     if not (seed_sd > 0 and math.isfinite(seed_sd)):
         raise ValueError(f"seed_sd must be a positive finite number, got {seed_sd}")
+    if not (0 < alpha < 1 and 0 < power < 1):
+        raise ValueError(f"alpha and power must lie in (0, 1), got {alpha} and {power}")
+
+
+def paired_t_power(seed_sd: float, effect: float, seeds: int, alpha: float = 0.05) -> float:
+    """The probability that the two-sided paired t-test at level ``alpha`` over ``seeds`` paired seeds rejects "no
+    difference" when the true mean difference is ``effect`` and the per-seed difference has standard deviation
+    ``seed_sd``: the statistic follows the noncentral t with ``seeds - 1`` degrees of freedom and noncentrality
+    ``effect * sqrt(seeds) / seed_sd`` (``scipy.stats.nct``), and the test rejects beyond the central t's
+    ``1 - alpha/2`` quantile on either side."""
+    from scipy import stats
+
+    _check_power_arguments(seed_sd, alpha, 0.5)
+    seeds = check_int(seeds, "seeds", minimum=2)
+    if not math.isfinite(effect):
+        raise ValueError(f"effect must be a finite number, got {effect}")
+    df, noncentrality = seeds - 1, abs(effect) * math.sqrt(seeds) / seed_sd
+    critical = stats.t.ppf(1 - alpha / 2, df)
+    # the lower tail P(T < -c) as P(T > c) under the mirrored noncentrality: scipy's nct.cdf is NaN far in that tail
+    return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.sf(critical, df, -noncentrality))
 
 
 def seeds_needed(seed_sd: float, effect: float, alpha: float = 0.05, power: float = 0.8) -> int:
     """Paired seeds needed to detect a mean difference ``effect`` when the per-seed difference has standard
-    deviation ``seed_sd`` (from a pilot), two-sided level ``alpha``, with probability ``power``:
-    ``ceil(((z_{1-alpha/2} + z_power) * sd / effect) ** 2)`` (the normal approximation; about
-    ``(2.8 sd / effect)^2`` at the defaults), and at least 2."""
-    _check_sd(seed_sd)
+    deviation ``seed_sd`` (from a pilot), two-sided level ``alpha``, with probability ``power``: the smallest
+    number of seeds (at least 2) whose :func:`paired_t_power` reaches ``power``. The normal approximation
+    ``((z_{1-alpha/2} + z_power) sd / effect)^2`` (about ``(2.8 sd / effect)^2``) ignores that the t-interval is
+    wider with few seeds and asks for one to three seeds too few."""
+    _check_power_arguments(seed_sd, alpha, power)
     if not (effect != 0 and math.isfinite(effect)):
         raise ValueError(f"effect must be a non-zero finite number, got {effect}")
-    z = _power_z(alpha, power)
-    return max(2, math.ceil((z * seed_sd / abs(effect)) ** 2))
+    seeds = 2
+    while paired_t_power(seed_sd, effect, seeds, alpha) < power:
+        seeds += 1
+    return seeds
 
 
 def detectable_effect(seed_sd: float, seeds: int, alpha: float = 0.05, power: float = 0.8) -> float:
-    """The smallest mean difference ``seeds`` paired seeds detect, the inverse of :func:`seeds_needed`:
-    ``(z_{1-alpha/2} + z_power) * sd / sqrt(seeds)``."""
-    _check_sd(seed_sd)
-    seeds = check_int(seeds, "seeds", minimum=1)
-    return float(_power_z(alpha, power) * seed_sd / math.sqrt(seeds))
+    """The smallest mean difference that ``seeds`` paired seeds detect with probability ``power`` (two-sided level
+    ``alpha``): the effect whose :func:`paired_t_power` equals ``power``, solved with ``scipy.optimize.brentq``.
+    The inverse of :func:`seeds_needed`; at least 2 seeds (one seed has no t-interval)."""
+    from scipy import optimize
+
+    _check_power_arguments(seed_sd, alpha, power)
+    seeds = check_int(seeds, "seeds", minimum=2)
+    high = seed_sd
+    while paired_t_power(seed_sd, high, seeds, alpha) < power:  # bracket the root
+        high *= 2
+    return float(optimize.brentq(lambda e: paired_t_power(seed_sd, e, seeds, alpha) - power, 0.0, high,
+                                 xtol=1e-12 * seed_sd, rtol=1e-10))
 
 
 class HeldOutEvaluation(TrainerCallback):
