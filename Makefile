@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 export PYTHONHASHSEED = 0
 
-.PHONY: install book test test-browser test-portability test-planted-bugs notebooks reader lab student checkpoints bench gpu-check clean
+.PHONY: install book test check-plans test-browser test-portability test-planted-bugs notebooks reader lab student checkpoints bench gpu-check clean
 
 install: $(STAMP)
 
@@ -28,6 +28,9 @@ book: install  ## build the rendered book into _build/html (shows the stored, va
 
 test: install  ## unit tests, nbval on every notebook, source/notebook sync, strict book build
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/run_tests.sh
+
+check-plans: install  ## every stored result against git: was its plan committed before the run? (one line a file)
+	$(BIN)/python scripts/check_plans.py
 
 # Rebuilds the book first when a source is newer than the last build; screenshots go to _build/screenshots.
 test-browser: install  ## the rendered book in headless Chromium: math, images, links, console, network, phone width, CJK

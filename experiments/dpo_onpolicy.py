@@ -33,7 +33,7 @@ import torch
 from rlbook.checkpoints import RECIPES, load_base_policy
 from rlbook.dpo import DPOConfig, on_policy_pairs, train_dpo
 from rlbook.evaluation import evaluate_policy
-from rlbook.experiment import run_experiment
+from rlbook.experiment import add_plan_arguments, run_experiment, seeds_of
 from rlbook.tasks.preferences import build_preference_pairs
 
 RESULTS = Path(__file__).parent / "results" / "dpo_onpolicy.json"
@@ -87,7 +87,7 @@ def run_one(arm_name: str, arm: dict, seed: int, common: dict = COMMON) -> dict:
     return {"evals": evals, "rounds": rounds}
 
 
-def run(seeds=range(5), arms=tuple(ARMS), *, out=None, processes=None, progress=True, arguments=None,
+def run(seeds=range(5), arms=tuple(ARMS), *, out=None, processes=None, progress=True, arguments=None, plan=None,
         **overrides) -> dict:
     """Both arms over ``seeds``; ``overrides`` replace entries of :data:`COMMON` (reduced runs)."""
     common = {**COMMON, **overrides}
@@ -98,6 +98,7 @@ def run(seeds=range(5), arms=tuple(ARMS), *, out=None, processes=None, progress=
     return run_experiment("dpo_onpolicy", partial(run_one, common=common), {a: ARMS[a] for a in arms}, seeds,
                           out=out, common=common, extra={"organism": organism}, processes=processes,
                           summary=summary, arguments=arguments, checkpoints=[common["policy"]], progress=progress,
+                          plan=plan,
                           description=__doc__.splitlines()[0])
 
 
@@ -109,10 +110,11 @@ def main():
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--num-prompts", type=int, default=None, help="pilot: fewer held-out prompts")
     parser.add_argument("--num-samples", type=int, default=None, help="pilot: fewer samples per prompt")
+    add_plan_arguments(parser)
     args = parser.parse_args()
     overrides = {k: v for k, v in dict(num_prompts=args.num_prompts, num_samples=args.num_samples).items()
                  if v is not None}
-    run(range(args.seeds), tuple(args.arms), out=args.out, processes=args.processes,
+    run(seeds_of(args), tuple(args.arms), out=args.out, processes=args.processes, plan=args.plan,
         arguments={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, **overrides)
 
 

@@ -36,7 +36,7 @@ import torch
 from rlbook.checkpoints import RECIPES, load_base_policy
 from rlbook.dpo import DPOConfig, train_dpo
 from rlbook.evaluation import evaluate_policy
-from rlbook.experiment import run_experiment
+from rlbook.experiment import add_plan_arguments, run_experiment, seeds_of
 from rlbook.gapo import GAPOConfig, encoder_scores, train_gapo
 from rlbook.lm.value import build_value_model
 from rlbook.presets import preset
@@ -125,7 +125,7 @@ def run_one(arm_name: str, arm: dict, seed: int, common: dict = COMMON) -> dict:
     return {"evals": evals}
 
 
-def run(seeds=range(5), arms=tuple(ARMS), *, out=None, processes=None, progress=True, arguments=None,
+def run(seeds=range(5), arms=tuple(ARMS), *, out=None, processes=None, progress=True, arguments=None, plan=None,
         **overrides) -> dict:
     """Every arm for every seed; ``overrides`` replace entries of :data:`COMMON` (reduced runs)."""
     common = {**COMMON, **overrides}
@@ -135,6 +135,7 @@ def run(seeds=range(5), arms=tuple(ARMS), *, out=None, processes=None, progress=
     return run_experiment("gapo_compare", partial(run_one, common=common), {a: ARMS[a] for a in arms}, seeds,
                           out=out, common=common, extra={"organism": organism}, processes=processes,
                           summary=summary, arguments=arguments, checkpoints=[common["task"]], progress=progress,
+                          plan=plan,
                           description=__doc__.splitlines()[0])
 
 
@@ -144,8 +145,9 @@ def main():
     parser.add_argument("--arms", nargs="*", default=list(ARMS))
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    add_plan_arguments(parser)
     args = parser.parse_args()
-    run(range(args.seeds), tuple(args.arms), out=args.out, processes=args.processes,
+    run(seeds_of(args), tuple(args.arms), out=args.out, processes=args.processes, plan=args.plan,
         arguments={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()})
 
 

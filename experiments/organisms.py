@@ -10,6 +10,8 @@ and at the end. The stored file is what ``experiments/phenomena.py`` and the cha
     python experiments/organisms.py entropy_collapse --seeds 8
     python experiments/organisms.py length_inflation --arms grpo --seeds 3 --out /tmp/gate.json   # the gate alone
     python experiments/organisms.py outlier_ratios --arms grpo_wide --seeds 8 --merge   # an arm added later
+    python experiments/organisms.py shifted_rewards --seeds 10 --first-seed 100 \
+        --plan experiments/plans/shifted_rewards.md     # confirmatory: the plan's seeds, committed first
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import functools
 from pathlib import Path
 
 from rlbook.evaluation import HeldOutEvaluation
-from rlbook.experiment import run_experiment, train_run
+from rlbook.experiment import add_plan_arguments, run_experiment, seeds_of, train_run
 from rlbook.organisms import ORGANISMS, baseline_change, baseline_level, gate_holds, get_organism
 
 RESULTS = Path(__file__).parent / "results"
@@ -35,13 +37,13 @@ def results_path(name: str) -> Path:
 
 def run_one(arm_name, arm, seed, *, organism: str, evaluation: dict | None = None, **settings) -> dict:
     """One run: train ``arm`` from the organism's base policy, evaluating on its held-out prompts
-    (``evaluation`` overrides the organism's ``num_prompts``, ``num_samples``, ``eval_every``: the tests)."""
+    (``evaluation`` overrides the organism's ``num_prompts``, ``num_samples``, ``every``, ``at_steps``: the tests)."""
     from rlbook.callbacks import ExpertRoutingChanges, ValuePretrainingHistory
 
     spec = get_organism(organism)
     settings = {**spec.settings, **settings}
     sizes = {"num_prompts": spec.num_prompts, "num_samples": spec.num_samples, "every": spec.eval_every,
-             **(evaluation or {})}
+             "at_steps": spec.eval_at, **(evaluation or {})}
     evaluation = HeldOutEvaluation(**sizes, ks=(1, sizes["num_samples"]))
     # a mixture-of-experts policy also logs the share of tokens its updates re-routed (nothing for a dense one)
     pretraining = ValuePretrainingHistory()
@@ -54,7 +56,7 @@ def run_one(arm_name, arm, seed, *, organism: str, evaluation: dict | None = Non
 
 
 def run(organism: str, arms=None, seeds=(0, 1, 2, 3, 4), *, out=None, processes=None, arguments=None,
-        evaluation: dict | None = None, merge: bool = False, **settings) -> dict:
+        evaluation: dict | None = None, merge: bool = False, plan=None, **settings) -> dict:
     """Run ``arms`` (default: all) of ``organism`` for ``seeds``; ``settings`` and ``evaluation`` override the
     organism's training settings and held-out evaluation sizes (the tests shorten runs). ``merge`` keeps the other
     arms of the stored ``out`` (same settings and seeds): an arm added to an organism runs alone."""
@@ -64,7 +66,7 @@ def run(organism: str, arms=None, seeds=(0, 1, 2, 3, 4), *, out=None, processes=
     result = run_experiment(f"organism_{organism}", functools.partial(run_one, organism=organism, evaluation=evaluation, **settings),
                             {a: spec.arm(a) for a in arms}, seeds, out=out, common=common,
                             processes=processes, steps_per_run=common["max_steps"], arguments=arguments,
-                            checkpoints=[spec.policy], description=spec.description, merge=merge,
+                            checkpoints=[spec.policy], description=spec.description, merge=merge, plan=plan,
                             extra={"organism": spec.to_json()},
                             summary={f"{spec.metric} start": lambda r: r["evals"][0][spec.metric],
                                      f"{spec.metric} end": lambda r: r["evals"][-1][spec.metric],
@@ -88,15 +90,15 @@ def main():
     parser.add_argument("organism", choices=sorted(ORGANISMS))
     parser.add_argument("--arms", nargs="+", default=None)
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--processes", type=int, default=None, help="worker processes (default: one per core)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--merge", action="store_true",
                         help="keep the stored file's other arms (an arm added later, run alone)")
+    add_plan_arguments(parser)
     args = parser.parse_args()
     out = args.out or results_path(args.organism)
-    run(args.organism, args.arms, seeds=range(args.first_seed, args.first_seed + args.seeds), out=out,
-        processes=args.processes, merge=args.merge, arguments={**vars(args), "out": str(out)})
+    run(args.organism, args.arms, seeds=seeds_of(args), out=out, processes=args.processes, merge=args.merge,
+        plan=args.plan, arguments={**vars(args), "out": str(out), "plan": args.plan and str(args.plan)})
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from experiment_scripts import load_script, load_stored
+from experiment_scripts import load_script, load_stored, provenance_keys, record_keys
 
 from rlbook.checkpoints import RECIPES, load_base_policy
 from rlbook.dpo import DPOConfig, on_policy_pairs, train_dpo
@@ -57,7 +57,8 @@ def test_dpo_ipo_reduced_run(tmp_path):
                        fix_direction="up", script="experiments/dpo_ipo.py")
     assert entry["baseline"] == "dpo" and entry["seeds"] == 1
     written, stored = json.loads((tmp_path / "ipo.json").read_text()), load_stored("dpo_ipo")
-    assert list(written) == list(stored) and list(written["runs"]["ipo"][0]) == list(stored["runs"]["ipo"][0])
+    assert list(written) == list(stored)
+    assert record_keys(written["runs"]["ipo"][0]) == record_keys(stored["runs"]["ipo"][0])
     assert list(written["runs"]["ipo"][0]["evals"][0]) == list(stored["runs"]["ipo"][0]["evals"][0])
 
 
@@ -75,7 +76,7 @@ def test_dpo_onpolicy_reduced_run(tmp_path):
     assert offline["rounds"][0]["examples"] != on_policy["rounds"][0]["examples"], "the pairs differ"
     written, stored = json.loads((tmp_path / "onp.json").read_text()), load_stored("dpo_onpolicy")
     assert list(written) == list(stored)
-    assert list(written["runs"]["offline"][0]) == list(stored["runs"]["offline"][0])
+    assert record_keys(written["runs"]["offline"][0]) == record_keys(stored["runs"]["offline"][0])
 
 
 @pytest.mark.parametrize("name", ["dpo_ipo", "dpo_onpolicy"])

@@ -276,8 +276,8 @@ def detectable_effect(seed_sd: float, seeds: int, alpha: float = 0.05, power: fl
 
 
 class HeldOutEvaluation(TrainerCallback):
-    """A trainer callback: :func:`evaluate_policy` on fixed held-out prompts at the start, every ``every`` steps
-    and at the end, keeping each :meth:`PolicyEvaluation.summary` in ``self.records`` as ``{"step": s,
+    """A trainer callback: :func:`evaluate_policy` on fixed held-out prompts at the start, every ``every`` steps,
+    at each step of ``at_steps`` (a denser look where the policy moves fast) and at the end, keeping each :meth:`PolicyEvaluation.summary` in ``self.records`` as ``{"step": s,
     "num_completions": n, ...}``, ``n`` the completions sampled for training so far (the cost in samples).
 
     The prompts are ``num_prompts`` draws of the task's ``"test"`` split from ``prompt_seed`` and the sampling
@@ -292,10 +292,11 @@ class HeldOutEvaluation(TrainerCallback):
     """
 
     def __init__(self, num_prompts: int = 1024, num_samples: int = 8, every: int = 0, *, prompt_seed: int = 2024,
-                 seed: int = 0, ks=(1, 8), kl_to_base: bool = True):
+                 seed: int = 0, ks=(1, 8), kl_to_base: bool = True, at_steps=()):
         self.num_prompts = check_int(num_prompts, "num_prompts", minimum=1)
         self.num_samples = check_int(num_samples, "num_samples", minimum=1)
         self.every = check_int(every, "every", minimum=0)
+        self.at_steps = frozenset(check_int(s, "at_steps", minimum=1) for s in at_steps)
         self.prompt_seed, self.seed, self.ks = prompt_seed, seed, tuple(ks)
         self.kl_to_base = bool(kl_to_base)
         self.base = None  # the frozen policy training started from (kl_to_base), copied at on_train_begin
@@ -321,7 +322,7 @@ class HeldOutEvaluation(TrainerCallback):
             self.measure(trainer)
 
     def on_step_end(self, trainer, metrics) -> None:
-        if self.every and trainer.step % self.every == 0:
+        if (self.every and trainer.step % self.every == 0) or trainer.step in self.at_steps:
             self.measure(trainer)
 
     def on_train_end(self, trainer) -> None:

@@ -23,8 +23,12 @@ The results layout (every ``experiments/results/*.json``)::
     {"experiment": name, "description": ..., "common": {...settings shared by all arms},
      "arms": {name: arm settings}, "seeds": [...],
      "runs": {arm name: [one record per seed, in seed order: {"seed": s, "seconds": t, ...}]},
-     "provenance": {command, arguments, git commit, date, python and package versions, CPU, threads, processes,
-                    load average, checkpoint hashes}, "seconds": wall time, ...experiment-specific extras}
+     "provenance": {command, arguments, git commit and whether the tree was dirty as the run started, started_at,
+                    plan (a confirmatory run's: path, sha256, commit), date written, python and package versions, CPU,
+                    threads, processes, load average, checkpoint hashes}, "seconds": wall time, ...extras}
+
+Each run's record holds ``seconds`` (wall) and ``cpu_seconds`` (its process's CPU time, one torch thread: the cost
+that does not grow when the machine is loaded). A run with ``plan=`` is confirmatory (:mod:`rlbook.plans`).
 
 A trainer run's record (:func:`train_run`) holds ``config``, ``eval_steps``, ``eval_accuracy`` and ``metrics``
 (key -> one value per step; keys of :data:`rlbook.metrics.METRICS` or of the callbacks used).
@@ -146,9 +150,11 @@ def _init_worker(progress_queue) -> None:
 
 
 def _run_job(run_one, name, arm, seed) -> dict:
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     record = run_one(name, arm, seed)
     record.setdefault("seconds", round(time.perf_counter() - start, 1))
+    # the CPU time of this process (one torch thread): the cost that does not depend on the machine's load
+    record.setdefault("cpu_seconds", round(time.process_time() - cpu_start, 1))
     return {"seed": seed, **record}
 
 
@@ -160,7 +166,7 @@ def run_experiment(name: str, run_one: Callable[[str, object, int], dict], arms:
                    processes: int | None = None, steps_per_run: Callable[[str, object], int] | int | None = None,
                    summary: dict[str, Callable[[dict], float]] | None = None, arguments: dict | None = None,
                    checkpoints: Iterable[str] = (), merge: bool = False, progress: bool = True,
-                   description: str | None = None) -> dict:
+                   description: str | None = None, plan: str | Path | None = None) -> dict:
     """Run ``run_one(arm_name, arm, seed)`` for every arm and seed; store and return the results (layout above).
 
     - ``processes``: worker processes (default: as many as the machine has cores, at most one per run); 1 runs
@@ -173,7 +179,12 @@ def run_experiment(name: str, run_one: Callable[[str, object, int], dict], arms:
     - ``arguments``: the script's parsed arguments, for the provenance record.
     - ``checkpoints``: base-policy names whose file hashes go into the provenance record.
     - ``merge``: keep the stored file's other arms (``common`` and ``seeds`` must match): rerun only some arms.
+    - ``plan``: a plan file (``experiments/plans/<name>.md``, :mod:`rlbook.plans`) for a *confirmatory* run. It
+      refuses to start, with one line saying why, unless the plan and every tracked file are committed and the
+      experiment, seeds, arms and ``out`` are the plan's; the provenance then records the plan (path, SHA-256,
+      commit) and ``started_at``. Without a plan the run is a pilot, refused on seeds a plan reserves.
     """
+    from rlbook import plans
     global _report
     seeds = list(seeds)
     arms_json = {arm_name: arm.to_json() if isinstance(arm, Arm) else arm for arm_name, arm in arms.items()}
@@ -183,6 +194,13 @@ def run_experiment(name: str, run_one: Callable[[str, object, int], dict], arms:
     if processes is not None and processes < 1:
         raise ValueError(f"processes must be >= 1, got {processes}")
     workers = min(len(jobs), processes or _usable_cores())
+    if plan is not None:
+        started = plans.confirm(plan, experiment=name, seeds=seeds, arms=list(arms), out=out)
+        root = plans.read_plan(plan).root
+    else:
+        plans.check_pilot(name, seeds)
+        started, root = {"started_at": plans.utc_now()}, plans.package_root()
+    commit = _git_state(root)  # the code as the run starts
     count_steps = steps_per_run is not None
     per_run = (lambda a: 1) if not count_steps else (
         (lambda a: steps_per_run(a, arms[a])) if callable(steps_per_run) else (lambda a: int(steps_per_run)))
@@ -209,10 +227,17 @@ def run_experiment(name: str, run_one: Callable[[str, object, int], dict], arms:
     result = {"experiment": name, "description": description, "common": common or {}, "arms": arms_json,
               "seeds": seeds, "runs": {arm_name: [records[(arm_name, s)] for s in seeds] for arm_name in arms},
               **(extra or {})}
-    result["provenance"] = provenance(arguments=arguments, checkpoints=checkpoints, processes=workers)
+    result["provenance"] = provenance(arguments=arguments, checkpoints=checkpoints, processes=workers,
+                                      root=root, git_state=commit, started=started)
     result["seconds"] = round(time.perf_counter() - start, 1)
     if merge and out is not None and Path(out).exists():
-        result = _merged(json.loads(Path(out).read_text()), result)
+        stored = json.loads(Path(out).read_text())
+        stored_plan = (stored.get("provenance") or {}).get("plan")
+        if (stored_plan or {}).get("path") != (result["provenance"].get("plan") or {}).get("path"):
+            raise ValueError(f"merge: {out} was made {'under ' + stored_plan['path'] if stored_plan else 'without a plan'}"
+                             f", this run {'under ' + str(plan) if plan is not None else 'without one'}: a "
+                             f"confirmatory file takes only arms run under its plan")
+        result = _merged(stored, result)
     print_summary(result, summary)
     if out is not None:
         out = Path(out)
@@ -285,31 +310,72 @@ def _merged(stored: dict, new: dict) -> dict:
     return merged
 
 
+def add_plan_arguments(parser) -> None:
+    """``--first-seed`` and ``--plan`` for an experiment script whose parser has ``--seeds`` (a count): seeds
+    ``first_seed .. first_seed + seeds - 1``, and the plan file of a confirmatory run (:mod:`rlbook.plans`)."""
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed (a plan reserves its own)")
+    parser.add_argument("--plan", type=Path, default=None,
+                        help="the committed plan file of a confirmatory run (experiments/plans/<name>.md)")
+
+
+def seeds_of(args) -> range:
+    """The seeds of a script's parsed ``--seeds`` and ``--first-seed``."""
+    return range(args.first_seed, args.first_seed + args.seeds)
+
+
 # --- provenance and the summary -----------------------------------------------------------------------------------
 
 
-def provenance(*, arguments: dict | None = None, checkpoints: Iterable[str] = (), processes: int = 1) -> dict:
-    """Where a result came from: the command and its parsed arguments, the git commit (and whether the tree had
-    uncommitted changes), the date, Python and package versions, the CPU, torch threads, worker processes, the load
-    average when it was written, and the SHA-256 of each base policy used."""
+def _git_state(root: Path | None) -> dict:
+    """``{"git_commit", "git_dirty"}`` of the repository ``root`` (None for both outside one)."""
+    def git(*args):
+        try:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                                  timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    if root is None:
+        return {"git_commit": None, "git_dirty": None}
+    return {"git_commit": git("rev-parse", "HEAD"),
+            "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def _relative(value, root: Path | None):
+    """``value`` with every path inside ``root`` written relative to it (strings, lists and dicts within)."""
+    if root is None:
+        return value
+    if isinstance(value, dict):
+        return {k: _relative(v, root) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_relative(v, root) for v in value]
+    if isinstance(value, str):
+        return value.replace(f"{root}/", "")
+    return value
+
+
+def provenance(*, arguments: dict | None = None, checkpoints: Iterable[str] = (), processes: int = 1,
+               root: Path | None = None, git_state: dict | None = None, started: dict | None = None) -> dict:
+    """Where a result came from: the command and its parsed arguments (paths relative to the repository), the git
+    commit as the run started (and whether the tree had uncommitted changes), when it started and was written, the
+    plan of a confirmatory run (:func:`rlbook.plans.confirm`), Python and package versions, the CPU, torch threads,
+    worker processes, the load average when it was written, and the SHA-256 of each base policy used."""
     import torch
     import transformers
 
     import rlbook
+    from rlbook import plans
     from rlbook.checkpoints import load_manifest
 
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                                  cwd=Path(__file__).resolve().parent).stdout.strip() or None
-        except (OSError, subprocess.SubprocessError):
-            return None
-
+    root = plans.package_root() if root is None else root
+    git_state = _git_state(root) if git_state is None else git_state
+    started = started or {}
     return {
-        "command": shlex.join(["python", *sys.argv]),
-        "arguments": arguments or {},
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "command": _relative(shlex.join(["python", *sys.argv]), root),
+        "arguments": _relative(arguments or {}, root),
+        **git_state,
+        **({"plan": started["plan"]} if "plan" in started else {}),
+        "started_at": started.get("started_at"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "packages": {"rlbook": rlbook.__version__, "torch": torch.__version__, "numpy": np.__version__,

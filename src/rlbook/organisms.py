@@ -47,6 +47,8 @@ class Organism:
         failure: ``"up"`` or ``"down"``, which way the failure moves ``metric`` under the baseline.
         num_prompts, num_samples, eval_every: the held-out evaluation (prompts, samples per prompt, steps between
             evaluations; 0 for only the first and the last).
+        eval_at: more steps to evaluate at besides every ``eval_every`` (e.g. densely early in a run that moves
+            fast at first).
         failure_threshold: None for a failure that *grows* under the baseline (the gate is the change from the
             first evaluation to the last); a number for a failure that is a *level* present from the start (the
             gate is the metric averaged over the baseline's evaluations, beyond this threshold in the failure's
@@ -65,6 +67,7 @@ class Organism:
     num_samples: int = 8
     eval_every: int = 0
     failure_threshold: float | None = None
+    eval_at: tuple = ()
 
     def __post_init__(self):
         if self.failure not in DIRECTIONS:
@@ -263,6 +266,9 @@ ORGANISMS: dict[str, Organism] = {
               # at which the no-penalty runs were measured, not only interpolated
               "kl_penalty_0.01": Arm("grpo", beta=0.01, kl_placement="reward")},
         metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=20,
+        # the no-penalty runs moved to sqrt(KL) 2.3-3.2 before a first evaluation at step 20: the gold-versus-distance
+        # frontier was then interpolated where it was never measured; dense evaluations early measure it (issue 40)
+        eval_at=(2, 4, 6, 8, 10, 12, 14, 16, 18),
     ),
     # The long horizon (PPO's GAE lambda, VAPO): continue a chain of 12-24 dependent digits (71-143 tokens), each the
     # previous one plus the one three back (mod 10), with the reward on the last step only. One early slip decides
@@ -284,6 +290,10 @@ ORGANISMS: dict[str, Organism] = {
               **{f"ppo_lam_{lam:g}": Arm("ppo", advantage_estimator="vapo", lam=lam, lam_critic=1.0,
                                          value_pretrain_steps=LONG_CHAIN_PRETRAIN)
                  for lam in (0.0, 0.5, 0.95, 1.0)},
+              # the two changes of ppo_lam_1 apart (issue 40): the policy's lambda alone (1, Monte Carlo advantages,
+              # the critic as in `ppo`: no pretraining, targets at 0.95); the critic alone is ppo_lam_0.95 (the
+              # preset's lambda 0.95 with the sweep's critic: 20 pretraining rollouts, Monte Carlo targets)
+              "ppo_policy_lam_1": Arm("ppo", advantage_estimator="vapo", lam=1.0, lam_critic=0.95),
               "grpo": Arm("grpo", beta=0.0),
               # VAPO (issue 20, deliverable 3): alpha rescaled to these lengths (lambda 1 - 1/(alpha l) about 0.98 at
               # 107 tokens, as the paper's 0.05 gives at its 1,000-4,000), the paper's alpha beside it, each of its
