@@ -3,8 +3,9 @@
 Reads ``experiments/results/organism_<name>.json`` (written by ``experiments/organisms.py``) and writes
 ``experiments/results/phenomena.json``: for each entry the failure under the baseline from the first held-out
 evaluation to the last (the gate: mean and 95 % t-interval over seeds, and whether it excludes 0 in the failure's
-direction) and the fix minus the baseline at the end over paired seeds. The family chapter renders it as a table;
-``tests/test_phenomena.py`` recomputes every entry from the stored results.
+direction), the fix minus the baseline at the end over paired seeds, and the plan each results file was run under
+with what ``make check-plans`` says of it (verified, or why not). The family chapter renders it as a table;
+``tests/test_organisms.py`` recomputes every entry from the stored results.
 
     python experiments/phenomena.py
 """
@@ -15,6 +16,7 @@ import json
 from pathlib import Path
 
 from rlbook.organisms import phenomenon
+from rlbook.plans import verify
 
 RESULTS = Path(__file__).parent / "results"
 OUT = RESULTS / "phenomena.json"
@@ -37,8 +39,10 @@ PHENOMENA = [
          organism="length_inflation", fix="token_loss", metric="mean_length_wrong", direction="down"),
     dict(chapter="gmpo", phenomenon="token entropy collapses under GRPO",
          organism="entropy_collapse", baseline="grpo", fix="gmpo", metric="entropy", direction="up"),
+    # the control gives GRPO GMPO's range, (0.67, 1.49), as a linear clip: the table shows it beside the fix, so that
+    # the geometric mean is not credited with what the wider range did
     dict(chapter="gmpo", phenomenon="accuracy collapses under GRPO's clip when the sampler and the learner disagree",
-         organism="outlier_ratios", fix="gmpo"),
+         organism="outlier_ratios", fix="gmpo", control="grpo_wide"),
     dict(chapter="gspo", phenomenon="GRPO's accuracy falls when an MoE's routing moves under it",
          organism="routing_drift", fix="gspo"),
     # the failure is a level (most groups without reward spread); the fix is judged on accuracy per completion
@@ -53,10 +57,15 @@ PHENOMENA = [
          "every reward is shifted up", organism="shifted_rewards", fix="rloo"),
     dict(chapter="ppo", phenomenon="accuracy falls when PPO takes 16 updates per rollout without its clip",
          organism="many_updates", fix="ppo"),
-    # GAE's lambda on 100-token chains whose critic learned nothing (explained variance near 0 after pretraining):
-    # the preset's lambda 0.95 against Monte Carlo advantages (lambda 1, the critic pretrained on Monte Carlo targets)
+    # GAE's lambda on 100-token chains whose critic learns nothing: the preset (lambda 0.95, no value pretraining)
+    # against each change alone, the policy's lambda 1 (Monte Carlo advantages, the critic as in the preset) and the
+    # critic recipe (20 pretraining rollouts, Monte Carlo targets, the policy's lambda still 0.95)
     dict(chapter="ppo", phenomenon="PPO's accuracy falls on 100-token answers with GAE's lambda 0.95 and a critic "
-         "that has learned nothing", organism="long_chain", fix="ppo_lam_1"),
+         "that has learned nothing; the fix: the policy's lambda 1 alone", organism="long_chain",
+         fix="ppo_policy_lam_1"),
+    dict(chapter="ppo", phenomenon="PPO's accuracy falls on 100-token answers with GAE's lambda 0.95 and a critic "
+         "that has learned nothing; the fix: the critic pretrained on Monte Carlo targets alone",
+         organism="long_chain", fix="ppo_lam_0.95"),
     # VAPO's motivating case at this scale: PPO (lambda 0.95, a critic neither pretrained nor given Monte Carlo
     # targets) on 100-token chains; the fix is VAPO with alpha rescaled to these lengths (its chapter shows the
     # paper's alpha and the seven ablations beside it)
@@ -67,11 +76,12 @@ PHENOMENA = [
     dict(chapter="ppo_rlhf", phenomenon="gold accuracy falls while a length-biased proxy reward is optimised",
          organism="proxy_reward", fix="kl_penalty"),
     # DPO's own trainer (rlbook.dpo.train_dpo), scripts of their own. Deterministic preferences: the gate is DPO's
-    # margin growth over the second half of training (the stored evals start half-way); IPO is judged on the gold
-    # accuracy. Offline pairs: the gate is offline DPO's accuracy change; the fix, pairs from the policy's own samples.
+    # margin growth over the second half of training (the stored evals start half-way); IPO is judged on the same
+    # growth, with the gold accuracy (which both arms lose) beside it. Offline pairs: the gate is offline DPO's
+    # accuracy change; the fix, pairs from the policy's own samples.
     dict(chapter="dpo", phenomenon="DPO's margin on deterministic preferences keeps growing",
          organism="deterministic_preferences", results="dpo_ipo", script="experiments/dpo_ipo.py", fix="ipo",
-         fix_metric="expected_accuracy", fix_direction="up"),
+         compared_at="change", beside=("expected_accuracy",)),
     dict(chapter="dpo", phenomenon="iterated DPO on offline near-miss pairs lowers the held-out accuracy",
          organism="offline_pairs", results="dpo_onpolicy", script="experiments/dpo_onpolicy.py", fix="on_policy"),
     # GAPO (its own script): PPO against a warmed-up encoder judge kept frozen, a judge that ranks wrong lengths right
@@ -96,15 +106,28 @@ def organism_results(name: str, results: Path = RESULTS, stem: str | None = None
     return result
 
 
-def entries(results: Path = RESULTS) -> list[dict]:
-    """Every entry of :data:`PHENOMENA` computed from the stored organism results in ``results``."""
+def plan_status(path: Path) -> dict:
+    """The plan a results file was run under and what ``make check-plans`` says of it (:func:`rlbook.plans.verify`):
+    ``{"path", "status"}``, the path None for a file without a plan record."""
+    record = (json.loads(path.read_text()).get("provenance") or {}).get("plan") or {}
+    return {"path": record.get("path"), "status": verify(path).status}
+
+
+def entries(results: Path = RESULTS, *, with_plans: bool = True) -> list[dict]:
+    """Every entry of :data:`PHENOMENA` computed from the stored organism results in ``results``, each with the
+    results file it read and (``with_plans``) its plan's status."""
     out = []
     for spec in PHENOMENA:
         spec = dict(spec)
         name, stem = spec.pop("organism"), spec.pop("results", None)
         script = spec.pop("script", "experiments/organisms.py")
         result = organism_results(name, results, stem, script)
-        out.append(phenomenon(result, **spec, script=script))
+        entry = phenomenon(result, **spec, script=script)
+        path = results / f"{stem or f'organism_{name}'}.json"
+        entry["results"] = f"experiments/results/{path.name}"
+        if with_plans:
+            entry["plan"] = plan_status(path)
+        out.append(entry)
     return out
 
 
@@ -117,7 +140,8 @@ def main():
         print(f"{e['chapter']:<12} {e['metric']:<18} baseline {e['baseline']:<15} "
               f"{'change' if e['baseline_level'] is None else 'level'} {mean:+.4g} [{low:+.4g}, {high:+.4g}] "
               f"gate {'holds' if e['gate_holds'] else 'fails'}; {e['fix']} - baseline {e['fix_metric']} "
-              f"{diff:+.4g} [{dlow:+.4g}, {dhigh:+.4g}] at equal {e['compared_at']} ({e['fix_direction']} is better)")
+              f"{diff:+.4g} [{dlow:+.4g}, {dhigh:+.4g}] at equal {e['compared_at']} ({e['fix_direction']} is better); "
+              f"plan {e['plan']['path']}: {e['plan']['status']}")
     print(f"wrote {OUT}")
 
 

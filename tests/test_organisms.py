@@ -152,29 +152,47 @@ def test_stored_organism_results_match_the_organism(name):
     spec = ORGANISMS[name]
     stored = load_stored(f"organism_{name}")
     assert stored["organism"] == json.loads(json.dumps(spec.to_json()))
-    assert stored["common"] == spec.settings and stored["arms"] == spec.to_json()["arms"]
+    assert stored["common"] == spec.settings and stored["arms"].items() <= spec.to_json()["arms"].items()
     assert len(stored["seeds"]) >= 5
+    evaluated = sorted(set(range(0, spec.settings["max_steps"] + 1, spec.eval_every)) | set(spec.eval_at))
     for arm, runs in stored["runs"].items():
         assert [r["seed"] for r in runs] == stored["seeds"], arm
         for run in runs:
-            steps = [e["step"] for e in run["evals"]]
-            assert steps == list(range(0, spec.settings["max_steps"] + 1, spec.eval_every)), arm
+            assert [e["step"] for e in run["evals"]] == evaluated, arm
 
 
 def test_phenomena_json_is_computed_from_the_stored_results():
     script = load_script("phenomena")
     stored = json.loads((EXPERIMENTS / "results" / "phenomena.json").read_text())
-    assert stored["entries"] == script.entries()
+    assert [{k: v for k, v in e.items() if k != "plan"} for e in stored["entries"]] == script.entries(
+        with_plans=False)
     keys = {"chapter", "phenomenon", "organism", "baseline", "fix", "metric", "direction", "seeds",
-            "baseline_change", "fix_minus_baseline", "gate_holds", "script",
+            "baseline_change", "fix_minus_baseline", "gate_holds", "script", "results", "plan",
             "failure_threshold", "baseline_level", "fix_metric", "fix_direction", "compared_at"}
+    optional = {"control", "control_minus_baseline", "fix_minus_control", "beside"}
     for entry in stored["entries"]:
-        assert set(entry) == keys and entry["direction"] in ("up", "down") and entry["seeds"] >= 5
-        assert entry["fix_direction"] in ("up", "down") and entry["compared_at"] in ("step", "num_completions")
+        assert keys <= set(entry) <= keys | optional and entry["direction"] in ("up", "down") and entry["seeds"] >= 5
+        assert entry["fix_direction"] in ("up", "down") and entry["compared_at"] in ("step", "num_completions",
+                                                                                    "change")
+        assert (EXPERIMENTS.parent / entry["results"]).is_file(), entry["results"]
         assert (entry["failure_threshold"] is None) == (entry["baseline_level"] is None)
         assert any((EXPERIMENTS.parent / "book").glob(f"*/{entry['chapter']}.md")), entry["chapter"]
         mean, low, high = entry["baseline_change"]
         assert low <= mean <= high
+
+
+def test_the_plan_status_in_phenomena_json_is_what_check_plans_finds_now():
+    """Every row's results file was run under a plan that verifies (the family table's "plan" column); the stored
+    status is the check's, recomputed here (skipped in a shallow clone, which lacks the history)."""
+    from rlbook.plans import git, verify
+
+    if git(EXPERIMENTS.parent, "rev-parse", "--is-shallow-repository", check=False) == "true":
+        pytest.skip("a shallow clone: the plans' history cannot be checked (git fetch --unshallow)")
+    stored = json.loads((EXPERIMENTS / "results" / "phenomena.json").read_text())
+    for entry in stored["entries"]:
+        verdict = verify(EXPERIMENTS.parent / entry["results"])
+        assert entry["plan"]["status"] == verdict.status == "verified", verdict.line()
+        assert (EXPERIMENTS / "plans").joinpath(entry["plan"]["path"].removeprefix("experiments/plans/")).is_file()
 
 
 def test_critic_explained_variance_is_nan_where_no_answer_was_right_and_empty_without_pretraining():

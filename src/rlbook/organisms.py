@@ -400,12 +400,13 @@ def metric_at_budget(runs: list[dict], metric: str, budget, axis: str = "num_com
     return np.array(values)
 
 
-COMPARED_AT = ("step", "num_completions")
+COMPARED_AT = ("step", "num_completions", "change")
 
 
 def phenomenon(result: dict, *, chapter: str, phenomenon: str, fix: str, metric: str | None = None,
                baseline: str | None = None, direction: str | None = None, fix_metric: str | None = None,
-               fix_direction: str | None = None, compared_at: str = "step", script: str) -> dict:
+               fix_direction: str | None = None, compared_at: str = "step", script: str,
+               control: str | None = None, beside: tuple = ()) -> dict:
     """One entry of ``experiments/results/phenomena.json`` from an organism experiment's stored ``result``.
 
     The failure: ``metric`` (default: the organism's) under ``baseline`` (default: its first arm) from the first
@@ -415,7 +416,13 @@ def phenomenon(result: dict, *, chapter: str, phenomenon: str, fix: str, metric:
     ``metric``, better in ``fix_direction``, default ``direction``) of ``fix`` minus ``baseline``, over paired
     seeds, compared at the last step (``compared_at="step"``) or, for a fix that spends more samples per step
     (dynamic sampling), at the number of completions the baseline sampled in its whole run (``"num_completions"``:
-    the fix's evaluations interpolated there).
+    the fix's evaluations interpolated there), or as a change (``"change"``: the fix's change from the first
+    evaluation to the last minus the baseline's, for a failure that is a growth, such as DPO's margin).
+
+    ``control``: an arm that isolates part of the fix (GMPO's range given to GRPO as a linear clip); the entry then
+    holds ``control_minus_baseline`` and ``fix_minus_control``, compared as the fix is. ``beside``: more metrics
+    whose fix-minus-baseline at the last evaluation is reported next to the fix's (``{metric: interval}``; the
+    gold accuracy beside a margin).
     """
     organism = result["organism"]
     metric = metric or organism["metric"]
@@ -429,25 +436,42 @@ def phenomenon(result: dict, *, chapter: str, phenomenon: str, fix: str, metric:
     failure = opposite[direction] if direction is not None else organism["failure"]
     direction = opposite[failure]
     fix_metric, fix_direction = fix_metric or metric, fix_direction or direction
-    for arm_name in (baseline, fix):
+    for arm_name in (baseline, fix) + ((control,) if control else ()):
         if arm_name not in result["runs"]:
             raise ValueError(f"{result['experiment']}: no arm {arm_name!r}; it has {list(result['runs'])}")
-    base_runs, fix_runs = result["runs"][baseline], result["runs"][fix]
-    if [r["seed"] for r in base_runs] != [r["seed"] for r in fix_runs]:
-        raise ValueError(f"{result['experiment']}: arms {baseline!r} and {fix!r} were not run on the same seeds")
+        if [r["seed"] for r in result["runs"][arm_name]] != [r["seed"] for r in result["runs"][baseline]]:
+            raise ValueError(f"{result['experiment']}: arms {baseline!r} and {arm_name!r} were not run on the same "
+                             f"seeds")
+    base_runs = result["runs"][baseline]
     change = baseline_change(base_runs, metric)
     threshold = organism.get("failure_threshold") if metric == organism["metric"] else None
     level = None if threshold is None else baseline_level(base_runs, metric)
-    if compared_at == "step":
-        fix_values = metric_at(fix_runs, fix_metric, -1)
-    else:
-        fix_values = metric_at_budget(fix_runs, fix_metric, metric_at(base_runs, "num_completions", -1))
-    difference = paired_difference(metric_at(base_runs, fix_metric, -1), fix_values)
-    return {"chapter": chapter, "phenomenon": phenomenon, "organism": organism["name"], "baseline": baseline,
-            "fix": fix, "metric": metric, "direction": direction, "seeds": len(base_runs),
-            "baseline_change": [round(x, 6) for x in change],
-            "failure_threshold": threshold, "baseline_level": None if level is None else [round(x, 6) for x in level],
-            "fix_metric": fix_metric, "fix_direction": fix_direction, "compared_at": compared_at,
-            "fix_minus_baseline": [round(x, 6) for x in difference],
-            "gate_holds": gate_holds(change, failure) if level is None else gate_holds(level, failure, threshold),
-            "script": script}
+
+    def compared(arm_name: str, measure: str = fix_metric, how: str = compared_at) -> np.ndarray:
+        """One value per seed of ``arm_name`` as the comparison reads it."""
+        runs = result["runs"][arm_name]
+        if how == "change":
+            return metric_at(runs, measure, -1) - metric_at(runs, measure, 0)
+        if how == "num_completions" and arm_name != baseline:
+            return metric_at_budget(runs, measure, metric_at(base_runs, "num_completions", -1))
+        return metric_at(runs, measure, -1)
+
+    def rounded(interval) -> list[float]:
+        return [round(x, 6) for x in interval]
+
+    entry = {"chapter": chapter, "phenomenon": phenomenon, "organism": organism["name"], "baseline": baseline,
+             "fix": fix, "metric": metric, "direction": direction, "seeds": len(base_runs),
+             "baseline_change": rounded(change),
+             "failure_threshold": threshold, "baseline_level": None if level is None else rounded(level),
+             "fix_metric": fix_metric, "fix_direction": fix_direction, "compared_at": compared_at,
+             "fix_minus_baseline": rounded(paired_difference(compared(baseline), compared(fix))),
+             "gate_holds": gate_holds(change, failure) if level is None else gate_holds(level, failure, threshold),
+             "script": script}
+    if control is not None:
+        entry["control"] = control
+        entry["control_minus_baseline"] = rounded(paired_difference(compared(baseline), compared(control)))
+        entry["fix_minus_control"] = rounded(paired_difference(compared(control), compared(fix)))
+    if beside:
+        entry["beside"] = {m: rounded(paired_difference(compared(baseline, m, "step"), compared(fix, m, "step")))
+                           for m in beside}
+    return entry
