@@ -551,6 +551,84 @@ def glance_fault(text: str, name: str) -> str | None:
             f"section (line {section + 1})")
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Results worded as strongly as their intervals, and no project-tracker language
+# ---------------------------------------------------------------------------------------------------------
+
+# "fell by {glue:text}`x:+.3f`" prints "fell by −0.47": a double negative (say "changed by −0.47" or "fell by 0.47")
+DOUBLE_NEGATIVE = re.compile(r"\b(fell|falls?|dropped|drops?|shrank|shorter|lower|fewer|less|decreased|lost)\b,?"
+                             r"\s+by\s+[−-]\s?\d", re.I)
+TRACKER = re.compile(r"\bthe issue('s)?\b(?! filed)|\bissue \d+|\bthe plan says so\b", re.I)
+# a tie is "no difference resolved", not a sameness the interval does not show
+TIE_AS_SAMENESS = re.compile(r"\b(did as well|no clear effect|tied with (it|them|theirs|GRPO|VAPO))\b", re.I)
+
+
+GLUE_TEXT = re.compile(r"\{glue:text\}`([\w.+-]+?)(?::([^`]*))?`")
+
+
+def glued_values(notebook: Path) -> dict[str, str]:
+    """``{name: text/plain}`` of every value a notebook glued (what ``{glue:text}`` shows)."""
+    values = {}
+    if notebook.exists():
+        for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+            for output in cell.get("outputs", []):
+                name = output.get("metadata", {}).get("scrapbook", {}).get("name")
+                plain = output.get("data", {}).get("application/papermill.record/text/plain")
+                if name and plain is not None:
+                    values[name] = plain if isinstance(plain, str) else "".join(plain)
+    return values
+
+
+def render_glue(text: str, values: dict[str, str]) -> str:
+    """``text`` with each ``{glue:text}`name:spec``` written as the book shows it (a number formatted with its
+    spec; the role kept where the value is unknown)."""
+    def one(m):
+        name, spec = m.group(1), m.group(2)
+        if name not in values:
+            return m.group(0)
+        try:
+            return format(float(values[name]), spec or "").replace("-", "−")
+        except ValueError:
+            return values[name].strip("'\"")
+    return GLUE_TEXT.sub(one, text)
+
+
+def results_language_faults(text: str, name: str = "<text>", values: dict[str, str] | None = None) -> list[str]:
+    """Prose paragraphs (joined, so that a phrase may span lines, glued numbers written as the book shows them)
+    with a double negative, a tie worded as sameness, or project-tracker language."""
+    lines = text.split("\n")
+    faults = []
+    for start, run in paragraphs(lines, classify(lines)):
+        paragraph = render_glue(" ".join(line.strip() for line in run), values or {})
+        for rule, what in ((DOUBLE_NEGATIVE, "a double negative (a fall by a negative number)"),
+                           (TRACKER, "project-tracker language"),
+                           (TIE_AS_SAMENESS, "a tie worded as sameness (say: no difference resolved, [low, high])")):
+            for m in rule.finditer(paragraph):
+                faults.append(f"{name}:{start + 1}: {what}: {m.group(0)!r}")
+    return faults
+
+
+@pytest.mark.parametrize("path", [p for p in BOOK_MD if p.parent.name != "appendix" or p.name != "plans.md"],
+                         ids=rel)
+def test_results_are_worded_as_their_intervals(path):
+    notebook = ROOT / "notebooks" / path.relative_to(ROOT / "book").with_suffix(".ipynb")
+    faults = results_language_faults(path.read_text(encoding="utf-8"), rel(path), glued_values(notebook))
+    if faults:
+        pytest.fail("\n".join(faults), pytrace=False)
+
+
+def test_results_language_rule_catches_planted_faults():
+    values = {"x_change": "-0.466", "x_drop": "0.466"}
+    for text in ("Accuracy fell by {glue:text}`x_change:+.3f` in 200 steps.\n",
+                 "Accuracy fell by {glue:text}`x_change:.3f` in 200 steps.\n",
+                 "wrong answers were shorter, by\n−4.1 tokens.\n", "The issue's aim was not reached.\n",
+                 "(issue 40 asks for it).\n", "GRPO did as well as VAPO here.\n"):
+        assert results_language_faults(text, values=values), text
+    clean = ("Accuracy changed by {glue:text}`x_change:+.3f`; it fell by {glue:text}`x_drop:.3f`.\n"
+             "No difference was resolved: [−0.02, +0.03]. TRL has had an issue filed about it.\n")
+    assert results_language_faults(clean, values=values) == []
+
+
 @pytest.mark.parametrize("path", CHAPTERS, ids=rel)
 def test_chapter_opens_with_at_a_glance(path):
     fault = glance_fault(path.read_text(encoding="utf-8"), rel(path))
