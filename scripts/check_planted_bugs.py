@@ -81,15 +81,39 @@ BUGS = [
         "    mean = groups.mean(-1, keepdim=True)",
         ("tests/test_objectives.py", "-k", "gfpo or keep"),
     ),
+    PlantedBug(
+        "plan_dirty_tree_allowed",
+        "a confirmatory run starts although tracked files have uncommitted changes",
+        "src/rlbook/plans.py",
+        "    if dirty:\n        more =",
+        "    if False:\n        more =",
+        ("tests/test_plans.py",),
+    ),
+    PlantedBug(
+        "plan_order_unchecked",
+        "make check-plans accepts a plan committed after the run started",
+        "src/rlbook/plans.py",
+        "    if not committed < started:",
+        "    if committed < 0:",
+        ("tests/test_plans.py",),
+    ),
+    PlantedBug(
+        "power_normal_approximation",
+        "power from the normal distribution instead of the noncentral t (overstates it with few seeds)",
+        "src/rlbook/evaluation.py",
+        "    critical = stats.t.ppf(1 - alpha / 2, df)",
+        "    critical, df = stats.norm.ppf(1 - alpha / 2), 10**9",
+        ("tests/test_evaluation.py", "-k", "power or seeds or detectable"),
+    ),
 ]
 
 
 def run_tests(bug: PlantedBug, planted: bool) -> tuple[int, list[str], str]:
-    """Run ``bug.tests`` on a copy of src/ and tests/, with or without the bug: (exit code, failures, last line)."""
+    """Run ``bug.tests`` on a copy of src/, tests/ and scripts/, with or without the bug: (exit code, failures, last line)."""
     source = (ROOT / bug.path).read_text()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        for folder in ("src", "tests"):
+        for folder in ("src", "tests", "scripts"):
             shutil.copytree(ROOT / folder, tmp / folder, ignore=shutil.ignore_patterns("__pycache__"))
         if planted:
             (tmp / bug.path).write_text(source.replace(bug.old, bug.new))
