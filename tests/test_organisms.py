@@ -54,6 +54,39 @@ def test_gate_fails_when_the_interval_straddles_zero_or_points_the_other_way():
     assert entry["gate_holds"] is True and entry["fix_minus_baseline"][0] == pytest.approx(-4.0)
 
 
+def test_a_fix_judged_as_a_change_a_control_beside_it_and_more_metrics():
+    """DPO's shape (the fix judged on the growth the gate measures, the gold beside it) and GMPO's (a control arm
+    that isolates part of the fix: the entry carries control - baseline and fix - control)."""
+    start, base_end, fix_end = [1.0, 2.0, 3.0], [4.0, 5.5, 6.0], [1.2, 2.1, 3.3]
+    result = fake_result(start, base_end, fix_end, metric="margin", failure="up")
+    for arm, golds in (("base", (0.1, 0.2, 0.15)), ("fix", (0.3, 0.25, 0.35))):
+        for run, gold in zip(result["runs"][arm], golds):
+            run["evals"][-1]["expected_accuracy"], run["evals"][0]["expected_accuracy"] = gold, 0.5
+    entry = phenomenon(result, chapter="dpo", phenomenon="p", fix="fix", compared_at="change",
+                       beside=("expected_accuracy",), script="x.py")
+    growth = {a: np.subtract(e, start) for a, e in (("base", base_end), ("fix", fix_end))}
+    np.testing.assert_allclose(entry["fix_minus_baseline"], t_interval(growth["fix"] - growth["base"]), atol=1e-6)
+    np.testing.assert_allclose(entry["beside"]["expected_accuracy"],
+                               t_interval(np.subtract((0.3, 0.25, 0.35), (0.1, 0.2, 0.15))), atol=1e-6)
+    assert entry["direction"] == "down" and entry["compared_at"] == "change" and "control" not in entry
+    # a control: three arms on the same seeds
+    result = fake_result([0.5] * 3, [0.0, 0.02, 0.01], [0.45, 0.5, 0.42], metric="expected_accuracy")
+    result["arms"]["wide"] = {}
+    result["runs"]["wide"] = [{"seed": s, "evals": [{"step": 0, "expected_accuracy": 0.5},
+                                                    {"step": 9, "expected_accuracy": a}]}
+                              for s, a in enumerate((0.4, 0.43, 0.38))]
+    entry = phenomenon(result, chapter="gmpo", phenomenon="p", fix="fix", control="wide", script="x.py")
+    np.testing.assert_allclose(entry["control_minus_baseline"],
+                               t_interval(np.subtract((0.4, 0.43, 0.38), (0.0, 0.02, 0.01))), atol=1e-6)
+    np.testing.assert_allclose(entry["fix_minus_control"],
+                               t_interval(np.subtract((0.45, 0.5, 0.42), (0.4, 0.43, 0.38))), atol=1e-6)
+    result["runs"]["wide"] = result["runs"]["wide"][:2]  # not on the same seeds: refused
+    with pytest.raises(ValueError, match="same seeds"):
+        phenomenon(result, chapter="gmpo", phenomenon="p", fix="fix", control="wide", script="x.py")
+    with pytest.raises(ValueError, match="no arm 'missing'"):
+        phenomenon(result, chapter="gmpo", phenomenon="p", fix="fix", control="missing", script="x.py")
+
+
 def test_a_level_gate_and_a_comparison_at_equal_completions():
     """zero_gradient's shape: the failure is a level (most groups without spread) and the fix, which samples more
     per step, is read off its curve at the completions the baseline sampled (linear interpolation)."""
