@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from rlbook.checkpoints import RECIPES, load_base_policy
+from rlbook.files import read_checkpoint
 from rlbook.lm import autocast, build_model, lean
 from rlbook.rollout import generate_rollouts, sequence_logprobs
 
@@ -248,7 +249,7 @@ def test_cuda_rlbook_train_on_the_command_line(tmp_path, one_torch_thread):
                  "--set", "per_device_train_batch_size=8"]) == 0
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2] and math.isfinite(metrics[-1]["loss/policy"])
-    state = torch.load(out / "checkpoint-2" / "trainer_state.pt", map_location="cpu", weights_only=False)
+    state = read_checkpoint(out / "checkpoint-2", "cpu")
     assert state["step"] == 2
 
 

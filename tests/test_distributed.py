@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlbook.distributed import World, global_share, reduce_metrics, shard_groups
+from rlbook.files import read_checkpoint
 from rlbook.lm import build_model, build_tokenizer
 from rlbook.presets import preset
 from rlbook.tasks import get_task
@@ -173,8 +174,7 @@ def test_rlbook_train_under_torchrun_runs_saves_and_resumes_as_if_uninterrupted(
     for a, b in zip(again, lines, strict=True):
         for key in ("reward", "loss/policy", "grad_norm", "objective/kl"):
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key
-    final = [torch.load(folder / "checkpoint-3" / "trainer_state.pt", weights_only=False)["policy"]
-             for folder in (tmp_path / "whole", part)]
+    final = [read_checkpoint(folder / "checkpoint-3")["policy"] for folder in (tmp_path / "whole", part)]
     for key in final[0]:
         torch.testing.assert_close(final[0][key], final[1][key], atol=1e-6, rtol=0)
 

@@ -3,6 +3,7 @@
     rlbook train --algo grpo --task arithmetic --max-steps 100 --seed 0 --output-dir runs/grpo
     rlbook train --algo dapo --task sort_scratchpad --max-steps 200 --output-dir runs/dapo --set learning_rate=3e-4
     rlbook train ... --output-dir runs/dapo --resume          # continue from the last checkpoint in runs/dapo
+    rlbook convert-checkpoint runs/old --trust                # rewrite a trusted checkpoint of an older format
     torchrun --nproc_per_node 2 -m rlbook train --algo grpo --task arithmetic --max-steps 100 --output-dir runs/g
 
 It starts from the task's shipped base policy (``--model-size`` builds a fresh, untrained model of that size
@@ -17,6 +18,13 @@ finds a loadable one. It falls back to the previous checkpoint if the newest can
 the metrics logged after the checkpoint (and a last line cut mid-write), and continues exactly as
 the uninterrupted run would have. A checkpoint that cannot be written (a full disk) stops the run
 with one line on stderr and exit status 1; the previous checkpoints are intact.
+
+A checkpoint is data, never code (:mod:`rlbook.files`): ``--resume`` reads ``trainer_state.pt`` with
+``torch.load(..., weights_only=True)`` and the policy from ``model.safetensors``, so a run folder someone sent you
+cannot run their code. A ``trainer_state.pt`` that holds other objects (a crafted pickle, or numpy scalars of an
+older format) stops the run with one line and exit status 2, naming ``rlbook convert-checkpoint DIR --trust``:
+that command unpickles the checkpoints of ``DIR`` (a run folder, or one ``checkpoint-<step>`` folder in it) fully,
+which runs any code they hold, and rewrites them as data. It refuses to run without ``--trust``.
 
 Under ``torchrun`` every process runs this command: they join a process group (gloo on CPU, NCCL with
 ``--device cuda``), share each step's groups (:mod:`rlbook.distributed`), and rank 0 alone writes ``DIR``.
@@ -77,6 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override one RLConfig field, e.g. --set learning_rate=3e-4 (repeatable)")
     train.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    convert = commands.add_parser(
+        "convert-checkpoint", help="rewrite trusted checkpoints of an older format as data (unpickles them)",
+        description="Rewrite the checkpoints of a run written by `rlbook train` (DIR is the run folder, or one "
+                    "checkpoint-<step> folder in it) in the current format: the policy as model.safetensors, the "
+                    "rest as tensors and plain Python values that --resume reads without unpickling code. This "
+                    "unpickles each trainer_state.pt fully, which runs any code it holds: pass --trust only for "
+                    "checkpoints whose author you trust.")
+    convert.add_argument("dir", type=Path, metavar="DIR")
+    convert.add_argument("--trust", action="store_true",
+                         help="I trust whoever made these checkpoints: unpickle them fully (runs their code)")
     return parser
 
 
@@ -121,10 +139,10 @@ def _convert(key: str, text: str, annotation: str):
 
 def train(args) -> int:
     from rlbook.callbacks import CheckpointSaver, MetricsLogger
-    from rlbook.checkpoints import RECIPES, load_base_policy
+    from rlbook.checkpoints import RECIPES
     from rlbook.distributed import World, barrier, init_from_env, launched_by_torchrun
     from rlbook.files import atomic_write_text, list_checkpoints, remove_leftovers
-    from rlbook.lm import MODEL_SIZES, build_model
+    from rlbook.lm import MODEL_SIZES
     from rlbook.presets import PRESETS, preset
     from rlbook.trainer import Trainer
 
@@ -178,13 +196,7 @@ def train(args) -> int:
     barrier(world)  # every process has checked DIR before rank 0 writes to it
     if world.is_main:
         out.mkdir(parents=True, exist_ok=True)
-    if args.model_size is None:
-        model, tokenizer = load_base_policy(args.task, device=device)
-    else:
-        from rlbook.lm import build_tokenizer
-
-        tokenizer = build_tokenizer()
-        model = build_model(args.model_size, seed=args.seed, tokenizer=tokenizer, device=device)
+    model, tokenizer = starting_policy(args.task, args.model_size, args.seed, device)
     try:
         trainer = Trainer(model, tokenizer, recipe.make_task(), config, world=world)
     except ValueError as error:
@@ -212,6 +224,50 @@ def train(args) -> int:
         print(f"done: {trainer.step} steps, reward {last.get('reward', float('nan')):.4g}, "
               f"metrics in {metrics_path}" + (f" ({world.size} processes)" if world.distributed else ""),
               file=sys.stderr)
+    return 0
+
+
+def starting_policy(task: str, model_size: str | None, seed: int, device):
+    """``(model, tokenizer)`` a run starts from: the task's shipped base policy, or a fresh model of
+    ``model_size``."""
+    from rlbook.checkpoints import load_base_policy
+    from rlbook.lm import build_model, build_tokenizer
+
+    if model_size is None:
+        return load_base_policy(task, device=device)
+    tokenizer = build_tokenizer()
+    return build_model(model_size, seed=seed, tokenizer=tokenizer, device=device), tokenizer
+
+
+def convert(args) -> int:
+    """``rlbook convert-checkpoint DIR --trust``: rewrite the checkpoints of ``DIR`` (a run folder, or one
+    ``checkpoint-<step>`` folder in it) in the current format, with the architecture named by the run's
+    ``run.json`` (:func:`rlbook.files.convert_checkpoint`)."""
+    from rlbook.files import STATE_FILE, convert_checkpoint, list_checkpoints
+
+    folder = args.dir
+    if not args.trust:
+        raise UsageError(f"convert-checkpoint unpickles the checkpoints in {folder}, which runs any code they hold; "
+                         "pass --trust if you trust whoever made them")
+    one = (folder / STATE_FILE).is_file()
+    run_dir, checkpoints = (folder.parent, [folder]) if one else (folder, list_checkpoints(folder))
+    if not checkpoints:
+        raise UsageError(f"{folder} is neither a checkpoint folder nor a run folder holding checkpoint-<step> folders")
+    if not (run_dir / "run.json").is_file():
+        raise UsageError(f"{run_dir} has no run.json: convert-checkpoint needs the run folder written by rlbook train "
+                         "(in Python, call rlbook.files.convert_checkpoint(path, policy, tokenizer))")
+    try:
+        run = json.loads((run_dir / "run.json").read_text())
+        model, tokenizer = starting_policy(run["task"], run["model_size"], run["seed"], "cpu")
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise UsageError(f"{run_dir / 'run.json'} does not name a task, model size and seed rlbook knows: "
+                         f"{error}") from None
+    for path in checkpoints:
+        try:
+            convert_checkpoint(path, model, tokenizer)
+        except (TypeError, ValueError) as error:
+            raise UsageError(f"could not convert {path}: {error}") from None
+        print(f"converted {path}", file=sys.stderr)
     return 0
 
 
@@ -261,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "train":
             return train(args)
+        if args.command == "convert-checkpoint":
+            return convert(args)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

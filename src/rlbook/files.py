@@ -9,10 +9,21 @@ is fsynced too, so that the rename itself survives a power cut.
     atomic_save(obj, path)         torch.save to path.tmp-<pid>, fsync, os.replace, fsync the folder
     atomic_write_text(path, text)  the same for a text file (metrics.jsonl after a resume, run.json)
     atomic_folder(path)            build a folder as .<name>.tmp, rename it to <name> when complete
-    write_checkpoint(state, path)  a checkpoint folder holding trainer_state.pt, or CheckpointError
-    read_checkpoint(path, device)  its state, or CheckpointError when it cannot be read
+    write_checkpoint(state, path, policy, tokenizer)
+                                   a checkpoint folder: trainer_state.pt, and the policy as model.safetensors
+    read_checkpoint(path, device)  its state (data only, never code), or CheckpointError / UnsafeCheckpointError
+    convert_checkpoint(path, policy, tokenizer)
+                                   rewrite a trusted checkpoint of an older format in the current one
     list_checkpoints(folder)       the complete checkpoint-<step> folders, oldest first
     prune_checkpoints(folder, k)   delete all but the newest k
+
+A checkpoint is data, never code, because readers send runs to each other. The policy's weights are
+``model.safetensors`` beside its ``config.json`` and tokenizer (:func:`rlbook.lm.save_policy`, the folder that
+:func:`rlbook.lm.load_policy` and ``transformers`` read); the rest of the trainer's state is ``trainer_state.pt``,
+which holds tensors and plain Python values only (:func:`to_plain`) and is read with ``torch.load(...,
+weights_only=True)``: a file that asks the unpickler for anything else (an object whose ``__reduce__`` would run
+code, or a numpy scalar of the previous format) is refused with :class:`UnsafeCheckpointError`, and only
+:func:`convert_checkpoint`, for a file the user trusts, unpickles it fully.
 
 Temporary names start with a dot (``.checkpoint-4.tmp``, ``.checkpoint-2.trash``) or end in
 ``.tmp-<pid>``, so nothing that looks for ``checkpoint-<step>`` ever sees them;
@@ -23,19 +34,29 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import re
 import shutil
+import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
 STATE_FILE = "trainer_state.pt"
+WEIGHTS_FILE = "model.safetensors"
+_PLAIN = (str, int, float, bool, type(None))
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 _LEFTOVER = re.compile(r"^\.checkpoint-\d+\.(tmp|trash)$|\.tmp-\d+$")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message names the folder and the cause."""
+
+
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint's ``trainer_state.pt`` holds objects other than tensors and plain Python values, so it was not
+    loaded (unpickling them could run code); the message names the file and the command that converts it."""
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -115,29 +136,125 @@ def atomic_folder(path: str | Path):
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def write_checkpoint(state: dict, path: str | Path) -> Path:
-    """Write ``state`` to ``path/trainer_state.pt``, the folder appearing complete or not at all. A
-    failure (a full disk, say) raises :class:`CheckpointError` naming ``path`` and the cause, after
-    removing the temporary files; earlier checkpoints are never touched."""
+def to_plain(value, where: str = "state"):
+    """``value`` with what ``torch.load(..., weights_only=True)`` cannot read turned into what it can: tensors
+    are kept, dicts, lists and tuples are converted item by item, numpy scalars become Python numbers and numpy
+    arrays tensors. Anything else raises ``TypeError`` naming its place in ``value`` (``where``, e.g.
+    ``state['history'][3]['reward']``)."""
+    if isinstance(value, torch.Tensor) or type(value) in _PLAIN:
+        return value
+    if isinstance(value, np.generic):  # np.float64 is a float subclass, but unpickles as a numpy global
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, dict):
+        return {to_plain(k, f"a key of {where}"): to_plain(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [to_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if isinstance(value, list) else tuple(items)
+    raise TypeError(f"cannot save {where} in a checkpoint: it is a {type(value).__module__}."
+                    f"{type(value).__qualname__}, and a checkpoint holds only tensors, dicts, lists, tuples, "
+                    "str, int, float, bool and None")
+
+
+def write_checkpoint(state: dict, path: str | Path, policy=None, tokenizer=None) -> Path:
+    """Write ``state`` (converted by :func:`to_plain`) to ``path/trainer_state.pt`` and, when ``policy`` is
+    given, the policy with its tokenizer as ``model.safetensors``, ``config.json`` and tokenizer files
+    (:func:`rlbook.lm.save_policy`); the folder appears complete or not at all. A failure (a full disk, say)
+    raises :class:`CheckpointError` naming ``path`` and the cause, after removing the temporary files; earlier
+    checkpoints are never touched. A value that is not data raises ``TypeError`` before anything is written."""
+    from safetensors import SafetensorError
+
+    from rlbook.lm.model import save_policy
+
     path = Path(path)
+    plain = to_plain(state)
     try:
         with atomic_folder(path) as folder:
-            atomic_save(state, folder / STATE_FILE)
-    except (OSError, RuntimeError) as error:
+            atomic_save(plain, folder / STATE_FILE)
+            if policy is not None:
+                save_policy(policy, tokenizer, folder)
+    except (OSError, RuntimeError, SafetensorError) as error:
         cause = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         raise CheckpointError(f"could not save checkpoint {path}: {cause}; "
                               "the previous checkpoint is intact") from error
     return path
 
 
-def read_checkpoint(path: str | Path, device=None) -> dict:
-    """The state :func:`write_checkpoint` saved in ``path``; :class:`CheckpointError` if it is
-    missing or cannot be read (a truncated or corrupted file)."""
-    file = Path(path) / STATE_FILE
+def read_checkpoint(path: str | Path, device=None, *, trust: bool = False) -> dict:
+    """The state :func:`write_checkpoint` saved in ``path``, with the policy's weights (from
+    ``model.safetensors``, or from ``trainer_state.pt`` in a checkpoint of the previous format) under
+    ``"policy"``. ``trainer_state.pt`` is read as data (``weights_only=True``): if it holds anything else,
+    :class:`UnsafeCheckpointError`. :class:`CheckpointError` if the checkpoint is missing or cannot be read (a
+    truncated or corrupted file).
+
+    ``trust=True`` unpickles ``trainer_state.pt`` fully, which runs any code the file holds: only for a
+    checkpoint the user trusts, to convert it (:func:`convert_checkpoint`)."""
+    folder = Path(path)
+    file = folder / STATE_FILE
     try:
-        return torch.load(file, map_location=device, weights_only=False)
-    except Exception as error:  # a damaged file: RuntimeError, EOFError, UnpicklingError...
+        with warnings.catch_warnings():  # torch warns about pickle protocols it was not written with
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            state = torch.load(file, map_location=device, weights_only=not trust)
+    except pickle.UnpicklingError as error:  # the safe unpickler refused something: no code has run
+        if trust:  # the full unpickler refuses only a damaged file
+            raise CheckpointError(f"could not read checkpoint {path}: {error}") from error
+        raise UnsafeCheckpointError(
+            f"{file} was not loaded: it holds objects other than tensors and plain Python values "
+            f"({_refused(file, error)}), and unpickling them could run code; if you trust whoever made it, "
+            f"convert it with: rlbook convert-checkpoint {folder} --trust") from None
+    except Exception as error:  # a damaged file: RuntimeError, EOFError, KeyError...
         raise CheckpointError(f"could not read checkpoint {path}: {error}") from error
+    if not isinstance(state, dict):
+        raise CheckpointError(f"could not read checkpoint {path}: {file} holds a "
+                              f"{type(state).__name__}, not a trainer's state")
+    if (folder / WEIGHTS_FILE).is_file():
+        state["policy"] = _read_policy_weights(folder, device)
+    elif "policy" not in state:
+        raise CheckpointError(f"could not read checkpoint {path}: it has no {WEIGHTS_FILE}")
+    return state
+
+
+def _read_policy_weights(folder: Path, device) -> dict:
+    """The state dict of the policy saved in ``folder`` by :func:`rlbook.lm.save_policy`: safetensors and JSON,
+    read by ``transformers`` as it reads any saved model (which also undoes its renaming of weights, e.g. a
+    mixture of experts' per-expert matrices), so the tensors are those that were saved, bit for bit."""
+    from rlbook.lm.model import load_policy
+
+    try:
+        model, _ = load_policy(folder, device=torch.device(device) if device is not None else "cpu")
+    except Exception as error:  # a damaged model.safetensors or config.json
+        raise CheckpointError(f"could not read checkpoint {folder}: {WEIGHTS_FILE}: {error}") from error
+    return model.state_dict()
+
+
+def _refused(file: Path, error: Exception) -> str:
+    """What the safe unpickler refused in ``file``, in a few words: the globals it names (found by reading the
+    pickle's opcodes, never by running them), else the first line of torch's reason."""
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(file)
+    except Exception:  # not a torch.save zip file: a bare pickle
+        names = []
+    if names:
+        return ", ".join(names)
+    reason = re.search(r"WeightsUnpickler error:\s*(.+)", str(error))
+    return reason.group(1).strip() if reason else "not a torch.save file"
+
+
+def convert_checkpoint(path: str | Path, policy, tokenizer) -> Path:
+    """Rewrite the checkpoint ``path`` of an older format (a ``trainer_state.pt`` holding numpy scalars or other
+    objects, the policy's weights inside it) in the current one, loading its weights into ``policy`` (a model of
+    the same architecture) to save them with ``tokenizer`` as safetensors.
+
+    This unpickles ``trainer_state.pt`` fully (``read_checkpoint(path, trust=True)``), which runs any code the
+    file holds: call it only on a checkpoint you trust. ``rlbook convert-checkpoint DIR --trust`` calls it."""
+    state = read_checkpoint(path, trust=True)
+    try:
+        policy.load_state_dict(state.pop("policy"))
+    except RuntimeError as error:  # another architecture: missing, unexpected or misshapen weights
+        raise ValueError(f"the policy weights in {path} do not fit a {type(policy).__name__}: "
+                         + " ".join(str(error).split())) from error
+    return write_checkpoint(state, path, policy=policy, tokenizer=tokenizer)
 
 
 def list_checkpoints(folder: str | Path) -> list[Path]:

@@ -623,8 +623,10 @@ class Trainer:
     # --- saving and resuming --------------------------------------------------------------------------------
 
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Everything needed to continue: weights, optimizer state, step, history and config, in
-        ``path/trainer_state.pt``. The folder appears complete or not at all, even if the process is
+        """Everything needed to continue, as data: the policy as ``path/model.safetensors`` with its config and
+        tokenizer (a folder :func:`rlbook.lm.load_policy` reads), and in ``path/trainer_state.pt`` the value
+        model's weights, optimizer state, step, history and config, as tensors and plain Python values
+        (:func:`rlbook.files.to_plain`). The folder appears complete or not at all, even if the process is
         killed while writing (:func:`rlbook.files.write_checkpoint`); a failure raises
         :class:`rlbook.files.CheckpointError` and leaves earlier checkpoints intact. Under torchrun
         only rank 0 writes (every process holds the same state)."""
@@ -632,7 +634,6 @@ class Trainer:
         if not self.world.is_main:
             return path
         state = {
-            "policy": self.policy.state_dict(),
             "value_model": self.value_model.state_dict() if self.value_model is not None else None,
             "optimizer": self.optimizer.state_dict(),
             "step": self.step,
@@ -643,12 +644,14 @@ class Trainer:
             "value_pretrain_history": self.value_pretrain_history,
             "config": dataclasses.asdict(self.config),
         }
-        return write_checkpoint(state, path)
+        return write_checkpoint(state, path, policy=self.policy, tokenizer=self.tokenizer)
 
     def resume(self, path: str | Path) -> Trainer:
         """Load a :meth:`save_checkpoint` folder into this trainer (built with the same config,
         ``max_steps`` aside: a run may be extended) and continue. An unreadable checkpoint raises
-        :class:`rlbook.files.CheckpointError`, a checkpoint of another config ``ValueError``."""
+        :class:`rlbook.files.CheckpointError`, one that holds more than data
+        :class:`rlbook.files.UnsafeCheckpointError` (a ``ValueError``), a checkpoint of another config
+        ``ValueError``."""
         state = read_checkpoint(path, self.device)
         ours = dataclasses.asdict(self.config)
         changed = sorted(k for k in set(state["config"]) | set(ours)
