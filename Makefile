@@ -41,7 +41,7 @@ test-browser: install  ## the rendered book in headless Chromium: math, images, 
 	$(BIN)/python -m pytest tests/browser -q -p no:cacheprovider
 	$(BIN)/python scripts/check_browser.py _build/html --screenshots _build/screenshots
 
-# SETTINGS="avx2" picks some of: native avx2 sse42 (default all). About 4 minutes a setting on 2 cores.
+# SETTINGS="default" picks some of: native avx2 sse42 default (default all). About 4-6 minutes a setting on 2 cores.
 test-portability: install  ## unit tests and nbval under this CPU's kernels and two emulated ones (other CPUs round differently)
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/test_portability.sh $(SETTINGS)
 

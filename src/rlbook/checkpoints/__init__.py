@@ -33,12 +33,21 @@ import torch
 import transformers
 
 from rlbook.lm import build_model, build_tokenizer, count_parameters, load_policy, save_policy
+from rlbook.lm.moe import training_route_digests
 from rlbook.sft import SFTConfig, reached_target, sampled_accuracy, train_sft
 from rlbook.tasks import get_task
 
 MANIFEST = "manifest.json"
 LOSS_HEAD_STEPS = 40  # float32 runs on different CPUs agree to ~3e-7 for about this many SFT steps
 LOSS_HEAD_RTOL = 1e-5  # ... and a 2 % change of the learning rate moves them by far more than this
+# A mixture of experts routes each token to its top-k experts, a discrete choice: where two experts' scores nearly
+# tie, another CPU's rounding can swap them, and the loss then jumps by far more than rounding. Measured on the MoE
+# recipe (40 steps, one thread): this machine's AVX-512 kernels and its AVX2 kernels repeat the recorded routing;
+# torch's portable "default" kernels first route a token differently at step 38 (the loss at step 39 then differs
+# by 1.8e-4 relative); a 2 % larger learning rate, at step 2. So an MoE's losses are compared up to the first step
+# whose routing differs from the record (the manifest's sft_routing_head), and that step must come after
+# ROUTING_HEAD_MIN_STEPS, half the head: a margin for CPUs that round further from this one.
+ROUTING_HEAD_MIN_STEPS = 20
 RECORDED_ACCURACY_ATOL = 0.02  # shipped files re-measured: the sampled tokens, hence the accuracy, may move a little
 
 
@@ -134,10 +143,12 @@ def load_manifest(name: str) -> dict:
     return json.loads((checkpoint_dir(name) / MANIFEST).read_text())
 
 
-def train_base_policy(recipe: Recipe, max_steps: int | None = None):
+def train_base_policy(recipe: Recipe, max_steps: int | None = None, routes: list | None = None):
     """Train ``recipe`` from scratch on one CPU thread; returns ``(model, tokenizer, history)``.
 
-    ``max_steps`` cuts the run short (no stop rule) for the cheap loss-head check.
+    ``max_steps`` cuts the run short (no stop rule) for the cheap loss-head check; ``routes``, a list, receives one
+    digest of the experts chosen at each training step of a mixture-of-experts model
+    (:func:`rlbook.lm.moe.training_route_digests`; nothing for a dense one).
     """
     config = recipe.sft
     if max_steps is not None:
@@ -147,9 +158,11 @@ def train_base_policy(recipe: Recipe, max_steps: int | None = None):
     try:
         tokenizer = build_tokenizer()
         model = build_model(recipe.size, arch=recipe.arch, seed=recipe.model_seed, **recipe.model_kwargs)
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), training_route_digests(model) as digests:
             torch.manual_seed(config.seed)
             history = train_sft(model, tokenizer, recipe.make_task(), config)
+        if routes is not None:
+            routes.extend(digests)
     finally:
         torch.set_num_threads(threads)
     return model, tokenizer, history
@@ -157,22 +170,50 @@ def train_base_policy(recipe: Recipe, max_steps: int | None = None):
 
 def sft_loss_head(recipe: Recipe, steps: int = LOSS_HEAD_STEPS) -> list[float]:
     """The first ``steps`` SFT losses of a fresh run of ``recipe`` (a few seconds)."""
-    return train_base_policy(recipe, max_steps=steps)[2].losses
+    return sft_head(recipe, steps)[0]
 
 
-def loss_head_mismatches(losses, recorded, rtol: float = LOSS_HEAD_RTOL) -> list[int]:
-    """The steps (1-based) where ``losses`` and ``recorded`` differ by more than ``rtol`` relative (or in count)."""
+def sft_head(recipe: Recipe, steps: int = LOSS_HEAD_STEPS) -> tuple[list[float], list[str]]:
+    """The first ``steps`` SFT losses of a fresh run of ``recipe`` and, for a mixture of experts, the digest of
+    each step's expert choices (an empty list for a dense model)."""
+    routes: list[str] = []
+    losses = train_base_policy(recipe, max_steps=steps, routes=routes)[2].losses
+    return losses, routes[:steps]
+
+
+def first_routing_difference(routes, recorded) -> int | None:
+    """The first step (1-based) whose routing digest differs from ``recorded``'s, or None."""
+    return next((step for step, (a, b) in enumerate(zip(routes, recorded), start=1) if a != b),
+                None if len(routes) == len(recorded) else min(len(routes), len(recorded)) + 1)
+
+
+def loss_head_mismatches(losses, recorded, rtol: float = LOSS_HEAD_RTOL, routes=None,
+                         recorded_routes=None) -> list[int]:
+    """The steps (1-based) where ``losses`` and ``recorded`` differ by more than ``rtol`` relative (or in count).
+
+    With the routing digests of both runs (a mixture of experts), the losses are compared only before the first
+    step whose routing differs, and a routing difference at or before :data:`ROUTING_HEAD_MIN_STEPS` is itself a
+    mismatch (that step is returned): rounding flips a near-tied routing decision late, a changed recipe early."""
     if len(losses) != len(recorded):
         return list(range(1, max(len(losses), len(recorded)) + 1))
-    return [step for step, (a, b) in enumerate(zip(losses, recorded), start=1)
-            if not np.isclose(a, b, rtol=rtol, atol=0.0)]
+    compared = len(losses)
+    early = []
+    if routes is not None and recorded_routes is not None:
+        first = first_routing_difference(routes, recorded_routes)
+        if first is not None:
+            compared = min(compared, first - 1)
+            early = [first] if first <= ROUTING_HEAD_MIN_STEPS else []
+    mismatched = [step for step, (a, b) in enumerate(zip(losses[:compared], recorded[:compared]), start=1)
+                  if not np.isclose(a, b, rtol=rtol, atol=0.0)]
+    return sorted(set(mismatched + early))
 
 
 def build_checkpoint(name: str, out_dir: str | Path) -> dict:
     """Train base policy ``name`` from its recipe and save it in ``out_dir``; returns the manifest it writes."""
     recipe = RECIPES[name]
     out_dir = Path(out_dir)
-    model, tokenizer, history = train_base_policy(recipe)
+    routes: list[str] = []
+    model, tokenizer, history = train_base_policy(recipe, routes=routes)
     save_policy(model, tokenizer, out_dir)
     manifest = {
         "name": name,
@@ -183,6 +224,7 @@ def build_checkpoint(name: str, out_dir: str | Path) -> dict:
                     "accuracy_band": list(recipe.accuracy_band), "loss_head_rtol": LOSS_HEAD_RTOL},
         "reached_target": reached_target(history, recipe.sft),
         "sft_loss_head": history.losses[:LOSS_HEAD_STEPS],
+        **({"sft_routing_head": routes[:LOSS_HEAD_STEPS]} if routes else {}),
         "sft_final_loss": history.losses[-1],
         "eval_steps": history.eval_steps,
         "eval_accuracy": history.eval_accuracy,
@@ -208,10 +250,13 @@ def check_shipped(name: str) -> list[str]:
 def check_rebuild(name: str) -> tuple[list[str], dict]:
     """Retrain ``name`` in memory and check it against its recipe and manifest; returns ``(problems, measured)``."""
     recipe, manifest = RECIPES[name], load_manifest(name)
-    model, tokenizer, history = train_base_policy(recipe)
+    routes: list[str] = []
+    model, tokenizer, history = train_base_policy(recipe, routes=routes)
     accuracy = final_sampled_accuracy(recipe, model, tokenizer)
     problems = []
-    mismatches = loss_head_mismatches(history.losses[:LOSS_HEAD_STEPS], manifest["sft_loss_head"])
+    mismatches = loss_head_mismatches(history.losses[:LOSS_HEAD_STEPS], manifest["sft_loss_head"],
+                                      routes=routes[:LOSS_HEAD_STEPS] if routes else None,
+                                      recorded_routes=manifest.get("sft_routing_head"))
     if mismatches:
         problems.append(f"SFT losses differ from the manifest by more than {LOSS_HEAD_RTOL:g} relative at steps "
                         f"{mismatches[:5]}{' ...' if len(mismatches) > 5 else ''}")

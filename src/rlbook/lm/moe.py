@@ -66,6 +66,33 @@ def expert_choices(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     return torch.stack([indices.reshape(B, L, -1).sort(-1).values for indices in recorded])
 
 
+@contextlib.contextmanager
+def training_route_digests(model):
+    """While active, one short SHA-256 digest of the experts chosen for every token in every layer per forward pass
+    of ``model`` in training mode (evaluation passes in eval mode are skipped), appended to the list it yields; an
+    empty list for a dense model. Two runs routed every token alike exactly when their digests are equal: the SFT
+    loss-head check uses this to tell a routing flip (float rounding near a tie) from a changed recipe."""
+    import hashlib
+
+    digests: list[str] = []
+    gates = routers(model)
+    step: list[torch.Tensor] = []
+
+    def record(module, args, output):  # the routers run in layer order, once each per forward pass
+        if module.training:
+            step.append(output[2].sort(-1).values.to(torch.int64).cpu())
+            if len(step) == len(gates):
+                digests.append(hashlib.sha256(b"".join(t.numpy().tobytes() for t in step)).hexdigest()[:16])
+                step.clear()
+
+    hooks = [gate.register_forward_hook(record) for gate in gates]
+    try:
+        yield digests
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 def routing_changed(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     """(B, L) bool: True where a token's set of experts differs between ``old`` and ``new`` in any layer.
 
