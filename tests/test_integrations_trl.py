@@ -19,7 +19,15 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 import torch  # noqa: E402
 
 from rlbook.checkpoints import RECIPES, load_base_policy  # noqa: E402
-from rlbook.integrations.engines import ENGINE_VERSIONS, ENGINES, engine_options, engine_table  # noqa: E402
+from rlbook.integrations.engines import (  # noqa: E402
+    ENGINE_VERSIONS,
+    ENGINES,
+    engine_command,
+    engine_markdown,
+    engine_options,
+    engine_overview,
+    engine_runs,
+)
 from rlbook.integrations.trl import (  # noqa: E402
     BOOK_EOS_TOKEN_ID,
     grpo_config,
@@ -186,30 +194,102 @@ def test_engine_options_cover_every_preset_and_engine(name):
 def test_engine_options_spot_checks():
     grpo, dr_grpo, dapo, gspo = (engine_options(n) for n in ("grpo", "dr_grpo", "dapo", "gspo"))
     assert grpo["verl"]["actor_rollout_ref.actor.loss_agg_mode"] == "seq-mean-token-mean"
-    assert grpo["verl"]["actor_rollout_ref.actor.kl_loss_type"] == "low_var_kl"
+    assert grpo["verl"]["actor_rollout_ref.actor.kl_loss_type"] == "k3"
+    assert grpo["verl"]["actor_rollout_ref.actor.clip_ratio_c"] == "1e9"  # verl's dual clip off
     assert grpo["OpenRLHF"]["--algo.kl.estimator"] == "k3"
+    assert grpo["OpenRLHF"]["--actor.loss_agg_mode"] == "seq-mean-token-mean"
     assert dr_grpo["verl"]["algorithm.norm_adv_by_std_in_grpo"] == "false"
     assert dr_grpo["OpenRLHF"]["--algo.advantage.estimator"] == "dr_grpo"
     assert dapo["verl"]["algorithm.filter_groups.enable"] == "true"
+    assert dapo["verl"]["+reward.reward_kwargs.overlong_buffer_cfg.log"] == "false"
+    assert "algorithm.filter_groups.max_num_gen_batches" not in dapo["verl"]
     assert dapo["OpenRLHF"]["--actor.eps_clip_low_high"] == "0.2 0.28"
+    assert dapo["OpenRLHF"]["--actor.adam.betas"] == "0.9 0.999"
     assert gspo["verl"]["actor_rollout_ref.actor.policy_loss.loss_mode"] == "gspo"
     assert gspo["TRL"]["importance_sampling_level"] == "sequence"
-    rows = engine_table()
+    rows = engine_overview()
     assert [row["preset"] for row in rows] == list(PRESETS)
     assert all(set(row) == {"preset", *ENGINES} for row in rows)
+    assert engine_runs("gmpo")["OpenRLHF"].command is None  # no GMPO loss: ppo would read ε = 0.4 as its clip
 
 
-def test_the_books_table_leaves_out_sizes_and_keeps_the_algorithm():
-    from rlbook.integrations.engines import SIZE_OPTIONS
+def test_engine_command_names_a_bad_engine_or_preset():
+    assert engine_command("grpo", "verl") == engine_runs("grpo")["verl"].command
+    assert engine_command("gfpo", "verl") is None  # no GFPO filter: no command
+    with pytest.raises(ValueError, match="unknown engine 'trl'"):
+        engine_command("grpo", "trl")
+    with pytest.raises(ValueError, match="unknown preset"):
+        engine_command("grp", "verl")
 
-    full, lean = engine_table(["dapo"])[0], engine_table(["dapo"], sizes=False)[0]
-    for engine in ENGINES:
-        kept = [line.split("=")[0].split(": ")[0] for line in lean[engine].splitlines()]
-        assert not set(kept) & SIZE_OPTIONS[engine], engine
-        assert set(lean[engine].splitlines()) < set(full[engine].splitlines()), engine
-    assert "epsilon_high=0.28" in lean["TRL"].splitlines()
-    assert "actor_rollout_ref.actor.clip_ratio_high=0.28" in lean["verl"].splitlines()
-    # every size option names an option the engine has
-    for engine, names in SIZE_OPTIONS.items():
-        every = set().union(*(engine_options(n)[engine] for n in PRESETS))
-        assert names <= every, (engine, names - every)
+
+def test_the_books_commands_are_code_and_its_notes_are_not():
+    """Each command is one fenced block, exactly EngineRun.command; notes and missing settings are list items
+    under it, never inside it; an engine that cannot run a preset shows why and no command."""
+    markdown = engine_markdown()
+    for name in PRESETS:
+        for engine, run in engine_runs(name).items():
+            if run.blocked:
+                assert run.command is None and f"Not available: `{run.blocked[0]}`" in markdown
+                continue
+            fence = "python" if engine == "TRL" else "bash"
+            assert f"```{fence}\n{run.command}\n```" in markdown, (name, engine)
+            for option, note in run.notes.items():
+                assert option in run.options and note not in run.command
+                assert f"- `{option}`: {note}." in markdown
+            for setting, why in run.missing.items():
+                assert why not in run.command and f"- not available: `{setting}`: {why}." in markdown
+            assert "note" not in run.options and all(not k.startswith("not available") for k in run.options)
+    # every visible line of a command fits the book's code box inside a dropdown
+    lines = [line for n in PRESETS for r in engine_runs(n).values() if r.command for line in r.command.splitlines()]
+    assert max(map(len, lines)) <= 88
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(PRESETS) if engine_runs(n)["TRL"].command is not None])
+def test_the_trl_snippet_builds_trls_config(name, tmp_path):
+    """The TRL code the book prints runs: it builds TRL's own config class (a wrong keyword is a TypeError) with
+    the bridge's values; the overlong reward is TRL's."""
+    code = engine_runs(name)["TRL"].command
+    namespace = {}
+    made = {}
+
+    def capture(cls):
+        def build(**kwargs):
+            made.update(kwargs)
+            return cls(**{**kwargs, "output_dir": str(tmp_path)}, **TRL_OFFLINE)
+        return build
+
+    import trl.experimental.gmpo as gmpo
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        classes = {"GRPOConfig": trl.GRPOConfig, "RLOOConfig": trl.RLOOConfig, "GMPOConfig": gmpo.GMPOConfig}
+        with pytest.MonkeyPatch.context() as patch:
+            for cls_name, cls in classes.items():
+                patch.setattr(trl if cls_name != "GMPOConfig" else gmpo, cls_name, capture(cls))
+            exec(code, namespace)
+    c = preset(name)
+    expected = rloo_kwargs(c) if c.advantage_estimator == "rloo" else None
+    if expected is None:
+        from rlbook.integrations.trl import grpo_kwargs
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = grpo_kwargs(c, strict=False)
+    assert {k: v for k, v in made.items() if k != "output_dir"} == expected
+    assert type(namespace["args"]).__name__ in classes
+    if c.overlong_buffer_length is not None:
+        ids = [[4] * n for n in range(1, c.max_completion_length + 1)]
+        assert namespace["overlong_reward"](completion_ids=ids) == pytest.approx(
+            soft_overlong_penalty(range(1, c.max_completion_length + 1), c.max_completion_length,
+                                  c.overlong_buffer_length).tolist())
+
+
+def test_the_chapter_shows_exactly_the_tested_trl_code():
+    import json
+    from pathlib import Path
+
+    chapter = Path(__file__).resolve().parents[1] / "notebooks" / "part6" / "beyond_one_machine.ipynb"
+    nb = json.loads(chapter.read_text(encoding="utf-8"))
+    shown = ["".join(out["data"]["text/markdown"]) for cell in nb["cells"] if cell["cell_type"] == "code"
+             for out in cell.get("outputs", []) if "text/markdown" in out.get("data", {})]
+    assert engine_markdown() in shown, "the chapter's engine commands are not engine_markdown(): rerun the chapter"

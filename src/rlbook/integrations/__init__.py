@@ -4,9 +4,10 @@
   ``GRPOConfig``, a task's reward as TRL reward functions, and its prompts as a ``datasets.Dataset``: the same
   algorithm under TRL's ``GRPOTrainer`` with accelerate or DeepSpeed on many GPUs. Needs the ``crosscheck`` extra
   (``pip install -e '.[crosscheck]'``).
-- :mod:`rlbook.integrations.engines` -- every preset's option settings in TRL, verl and OpenRLHF, with "not
-  available" and the reason where an engine lacks a piece (:func:`~rlbook.integrations.engines.engine_table` is the
-  book's table). Needs nothing beyond the package.
+- :mod:`rlbook.integrations.engines` -- every preset as the text to paste into TRL, verl and OpenRLHF (pinned
+  releases), with notes where an engine computes something else and "not available" with the reason where it lacks
+  a piece (:func:`~rlbook.integrations.engines.engine_markdown` is the book's view). Needs nothing beyond the
+  package.
 
 Nothing here is imported by ``rlbook`` itself: the book and its tests run without TRL.
 """
