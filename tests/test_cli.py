@@ -57,7 +57,11 @@ def test_a_resumed_run_continues_exactly_like_an_uninterrupted_one(tmp_path):
     (["--set", "mask_truncated_completions=maybe"], "expected bool"),
     (["--set", "epsilon=-0.2"], "bad configuration: epsilon and epsilon_high must be positive"),
     (["--set", "num_generations=3"], "must be a multiple of num_generations"),
-    (["--max-steps", "0"], "--max-steps and --save-steps must be >= 1"),
+    (["--max-steps", "0"], "--max-steps must be >= 1, got 0"),
+    (["--save-steps", "0"], "--save-steps must be >= 1, got 0"),
+    (["--save-total-limit", "0"], "--save-total-limit must be >= 1 (or 'none': keep all), got 0"),
+    (["--save-total-limit", "few"], "expected a number or 'none', got 'few'"),
+    (["--algo", "dpo"], "--algo dpo: DPO trains on preference pairs"),
     (["--max-steps", "ten"], "invalid int value: 'ten'"),
     (["--model-size", "huge"], "unknown model size 'huge'"),
     (["--resume"], "holds no checkpoint"),
@@ -80,7 +84,9 @@ def test_an_output_dir_that_holds_a_run_needs_resume(tmp_path, capsys):
     assert main(argv) == 2
     assert "already holds a run; pass --resume" in capsys.readouterr().err
     assert main([*argv[:-len(SMALL)], "--set", "learning_rate=0.5", *SMALL, "--resume"]) == 2
-    assert "made with other settings (differs in ['learning_rate'])" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "made with other settings (differs in ['learning_rate'])" in err
+    assert "run.json: learning_rate=0.0001; this command: learning_rate=0.5" in err, err
 
 
 def test_help_lists_the_presets_and_the_tasks(capsys):
@@ -92,3 +98,47 @@ def test_help_lists_the_presets_and_the_tasks(capsys):
     from rlbook.presets import PRESETS
 
     assert all(name in out for name in [*PRESETS, *RECIPES])
+
+
+def test_help_shows_each_option_s_default_and_each_task_s_underlying_task(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: 50)" in out and "(default: 3)" in out and "(default: cpu)" in out
+    assert "sort_scratchpad: task 'sort_digits'" in out and "rlbook.dpo.train_dpo" in out
+
+
+def test_a_dpo_algo_says_where_dpo_is_trained(tmp_path, capsys):
+    argv = ["train", "--algo", "dpo", "--task", "arithmetic", "--max-steps", "2", "--output-dir", str(tmp_path / "D")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "rlbook.dpo.train_dpo" in err and len(err.strip().splitlines()) == 1
+
+
+def unwritable_folder(tmp_path):
+    """A folder this process cannot create files in: a read-only one, or (as root, who may write anywhere)
+    one below /sys, which the kernel refuses to anyone."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "read-only"
+        folder.mkdir()
+        folder.chmod(0o500)
+        return folder / "D"
+    if not os.path.isdir("/sys/kernel"):
+        pytest.skip("running as root without /sys: no folder that cannot be written")
+    return __import__("pathlib").Path("/sys/rlbook-test-unwritable/D")
+
+
+@pytest.mark.parametrize("case, message", [
+    ("a file", "is a file, not a folder"),
+    ("below a file", "lies below"),
+    ("unwritable", "cannot be written"),
+])
+def test_an_output_dir_that_cannot_hold_a_run_gets_one_line_and_exit_status_2(tmp_path, capsys, case, message):
+    (tmp_path / "file").write_text("not a folder")
+    out = {"a file": tmp_path / "file", "below a file": tmp_path / "file" / "run",
+           "unwritable": unwritable_folder(tmp_path) if case == "unwritable" else None}[case]
+    argv = ["train", "--algo", "grpo", "--task", "arithmetic", "--max-steps", "1", "--output-dir", str(out), *SMALL]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: --output-dir {out} ") and message in err, err
+    assert "Traceback" not in err

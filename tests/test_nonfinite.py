@@ -43,12 +43,12 @@ def test_nonfinite_rewards_must_be_raise_or_skip_group():
 
 def test_a_nan_reward_raises_naming_the_step_the_completion_and_the_fix():
     trainer = make_trainer(nan_for_completion(5))
-    trainer.step = 1  # as after one step: the message names the trainer's step
+    trainer.step = 1  # as after one step: the message names the step being taken, 2, as metrics.jsonl counts
     before = weights(trainer.policy)
     with pytest.raises(ValueError) as error:
         trainer.train_step()
     message = str(error.value)
-    assert "step 1" in message and "the reward function" in message and "completion 5" in message
+    assert "step 2" in message and "the reward function" in message and "completion 5" in message
     assert "nonfinite_rewards='skip_group'" in message and "nan" in message
     assert all(torch.equal(before[k], v) for k, v in weights(trainer.policy).items())
 
@@ -67,7 +67,7 @@ def test_skip_group_drops_the_groups_with_a_nan_reward_and_counts_them():
 def test_skip_group_with_no_finite_group_left_is_an_error_naming_the_step():
     trainer = make_trainer(lambda e, completions, t: np.full(len(completions), np.inf),
                            nonfinite_rewards="skip_group")
-    with pytest.raises(ValueError, match="step 3: the reward function returned a non-finite reward in every"):
+    with pytest.raises(ValueError, match="step 4: the reward function returned a non-finite reward in every"):
         trainer.sample_rollout(3)
 
 
@@ -105,7 +105,7 @@ def test_nan_log_probs_are_an_error_naming_the_step_and_leave_the_weights_alone(
 
     monkeypatch.setattr(trainer, "_learner", nan_learner)
     before = weights(trainer.policy)
-    with pytest.raises(ValueError, match="step 0: the policy's log-probs \\(logp\\) is not finite"):
+    with pytest.raises(ValueError, match="step 1: the policy's log-probs \\(logp\\) is not finite"):
         trainer.update(scored)
     assert all(torch.equal(before[k], v) for k, v in weights(trainer.policy).items())
 
@@ -124,7 +124,7 @@ def test_a_nan_policy_loss_is_an_error_naming_the_step(monkeypatch):
 
     monkeypatch.setattr(trainer_module, "policy_loss", nan_loss)
     before = weights(trainer.policy)
-    with pytest.raises(ValueError, match="step 7: the policy loss is not finite"):
+    with pytest.raises(ValueError, match="step 8: the policy loss is not finite"):
         trainer.update(scored)
     assert all(torch.equal(before[k], v) for k, v in weights(trainer.policy).items())
 
@@ -135,7 +135,7 @@ def test_an_infinite_gradient_is_an_error_before_the_optimizer_step():
     before = weights(trainer.policy)
     parameter = next(p for p in trainer.policy.parameters() if p.requires_grad)
     parameter.register_hook(lambda grad: grad * float("inf"))
-    with pytest.raises(ValueError, match="step 0: the gradient norm is not finite"):
+    with pytest.raises(ValueError, match="step 1: the gradient norm is not finite"):
         trainer.update(scored)
     assert all(torch.equal(before[k], v) for k, v in weights(trainer.policy).items())
 

@@ -1,16 +1,26 @@
-"""``rlbook train``: one algorithm of the book on one task, from a terminal.
+"""``rlbook train``: one algorithm of the book on one task, from a terminal; ``rlbook plot`` and ``rlbook export``
+to look at its runs and take their models away.
 
     rlbook train --algo grpo --task arithmetic --max-steps 100 --seed 0 --output-dir runs/grpo
     rlbook train --algo dapo --task sort_scratchpad --max-steps 200 --output-dir runs/dapo --set learning_rate=3e-4
     rlbook train ... --output-dir runs/dapo --resume          # continue from the last checkpoint in runs/dapo
+    rlbook plot runs/grpo runs/dapo --metric reward --metric entropy --out runs/compare.png
+    rlbook export runs/grpo                                   # the newest checkpoint's models: runs/grpo/policy-100
     rlbook convert-checkpoint runs/old --trust                # rewrite a trusted checkpoint of an older format
     torchrun --nproc_per_node 2 -m rlbook train --algo grpo --task arithmetic --max-steps 100 --output-dir runs/g
 
 It starts from the task's shipped base policy (``--model-size`` builds a fresh, untrained model of that size
-instead), shows a progress bar, appends one JSON object per step (``step`` and the metrics of
+instead), shows a progress bar, appends one JSON object per step (``step``, counted from 1, and the metrics of
 :data:`rlbook.metrics.METRICS`) to ``DIR/metrics.jsonl``, and saves a checkpoint ``DIR/checkpoint-<step>`` every
-``--save-steps`` steps and at the end (only the newest ``--save-total-limit`` of them are kept).
-Bad input gets one line on stderr and exit status 2, never a traceback.
+``--save-steps`` steps (default 50) and at the end; only the newest ``--save-total-limit`` of them are kept
+(default 3; ``none`` keeps all). A checkpoint is also a Hugging Face model folder (``model.safetensors``,
+``config.json``, tokenizer), which ``transformers.AutoModelForCausalLM.from_pretrained`` reads;
+``rlbook export`` writes the policy, and the value model where the run trained one, without the trainer's state
+(:mod:`rlbook.runs`). Bad input (an unknown name, a bad number, an output folder that is a file, lies below one
+or cannot be written) gets one line on stderr and exit status 2, never a traceback.
+
+DPO is not here: it trains on preference pairs with no sampling, no reward and no advantages, so it is not a
+setting of the RL loop that ``--algo`` chooses from; its loop is :func:`rlbook.dpo.train_dpo`.
 
 Nothing is lost if the process is killed (``kill -9``, a lost machine): checkpoints are written to a
 temporary folder and renamed into place when complete (:mod:`rlbook.files`), so ``--resume`` always
@@ -52,6 +62,48 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see --help)")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Each line of the description and epilog wrapped on its own (so lists stay lists), and each option's
+    default after its help (when it has one that says something: not for required options, flags and empty
+    lists)."""
+
+    def _fill_text(self, text, width, indent):
+        import textwrap
+
+        return "\n".join(textwrap.fill(line, width, initial_indent=indent,
+                                        subsequent_indent=indent + " " * (2 * (len(line) - len(line.lstrip()))))
+                         for line in text.splitlines())
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.option_strings and not action.required and action.default not in (None, False, [])
+                and action.default is not argparse.SUPPRESS and "%(default)" not in text):
+            text += " (default: %(default)s)"
+        return text
+
+
+DEFAULT_SAVE_STEPS = 50  # a crash loses at most this many steps
+DEFAULT_SAVE_TOTAL_LIMIT = 3  # the newest checkpoints kept: enough to fall back on if the newest is damaged
+NOT_PRESETS = {  # algorithms of the book that --algo does not run, and where they are
+    "dpo": "DPO trains on preference pairs with no sampling, reward or advantages, so it is not a setting of "
+           "the RL loop; train it in Python with rlbook.dpo.train_dpo(policy, tokenizer, pairs, "
+           "config=rlbook.dpo.DPOConfig(...)) (pairs: rlbook.tasks.build_preference_pairs; see the README)",
+    "ipo": "IPO is DPO's loss_type='ipo': rlbook.dpo.train_dpo with DPOConfig(loss_type='ipo') (see the README)",
+    "gapo": "GAPO trains an encoder reward model beside the policy in its own loop: rlbook.gapo.train_gapo "
+            "(chapter 'GAPO')",
+}
+
+
+def save_total_limit(text: str) -> int | None:
+    """``--save-total-limit``'s value: a number, or ``none`` (keep every checkpoint)."""
+    if text.strip().lower() in ("none", "all"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'none', got {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from rlbook.checkpoints import RECIPES
     from rlbook.lm import MODEL_SIZES
@@ -64,27 +116,60 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser(
         "train", help="train a policy with one algorithm of the book",
         description="Train a policy with one preset of rlbook.presets on one task, from the task's shipped base "
-                    "policy.",
-        epilog=f"presets: {', '.join(PRESETS)}\ntasks (shipped base policies): {', '.join(RECIPES)}\n"
-               f"--set takes any RLConfig field (python -c 'import rlbook.presets as p; help(p.RLConfig)').",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+                    "policy. Writes DIR/run.json, DIR/metrics.jsonl (one line per step) and DIR/checkpoint-<step> "
+                    "folders (each a Hugging Face model folder plus the trainer's state).",
+        epilog=f"presets (--algo): {', '.join(PRESETS)}\n"
+               f"tasks (--task), each a shipped base policy and the task it was fine-tuned on:\n"
+               + "".join(f"  {line}\n" for line in task_lines(RECIPES))
+               + "--set takes any RLConfig field (python -c 'import rlbook.presets as p; help(p.RLConfig)').\n"
+                 "DPO is trained in Python: rlbook.dpo.train_dpo (it needs preference pairs, not this loop).",
+        formatter_class=_HelpFormatter)
     train.add_argument("--algo", required=True, metavar="PRESET", help=f"one of: {', '.join(PRESETS)}")
     train.add_argument("--task", required=True, metavar="NAME", help=f"one of: {', '.join(RECIPES)}")
     train.add_argument("--model-size", metavar="SIZE", default=None,
                        help=f"a fresh, untrained model of this size ({', '.join(MODEL_SIZES)}) instead of the "
                             "task's base policy")
-    train.add_argument("--max-steps", type=int, required=True, metavar="N")
-    train.add_argument("--seed", type=int, default=0, metavar="S")
-    train.add_argument("--output-dir", required=True, type=Path, metavar="DIR")
-    train.add_argument("--save-steps", type=int, default=None, metavar="K",
-                       help="save a checkpoint every K steps (always at the end)")
-    train.add_argument("--save-total-limit", type=int, default=None, metavar="K",
-                       help="keep only the newest K checkpoints (TRL's save_total_limit)")
+    train.add_argument("--max-steps", type=int, required=True, metavar="N",
+                       help="train until step N (with --resume: the run's total, not N more)")
+    train.add_argument("--seed", type=int, default=0, metavar="S", help="the run's seed (prompts, sampling, init)")
+    train.add_argument("--output-dir", required=True, type=Path, metavar="DIR",
+                       help="where run.json, metrics.jsonl and the checkpoints go")
+    train.add_argument("--save-steps", type=int, default=DEFAULT_SAVE_STEPS, metavar="K",
+                       help="save a checkpoint every K steps, and always at the end")
+    train.add_argument("--save-total-limit", type=save_total_limit, default=DEFAULT_SAVE_TOTAL_LIMIT, metavar="K",
+                       help="keep only the newest K checkpoints, or 'none' to keep all (TRL's save_total_limit)")
     train.add_argument("--resume", action="store_true", help="continue the run in DIR from its last checkpoint")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                        help="override one RLConfig field, e.g. --set learning_rate=3e-4 (repeatable)")
-    train.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    train.add_argument("--device", default="cpu", help="cpu or cuda")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    plot = commands.add_parser(
+        "plot", help="draw runs side by side, one panel per metric",
+        description="Draw the metrics.jsonl of one or more runs side by side in the book's figure style: one panel "
+                    "per --metric, one line per run, named by its folder at the line's end.",
+        epilog="In Python: rlbook.plot_runs({name: rlbook.read_metrics(DIR), ...}, metrics=[...]).",
+        formatter_class=_HelpFormatter)
+    plot.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR",
+                      help="a folder written by rlbook train (or its metrics.jsonl)")
+    plot.add_argument("--metric", action="append", default=None, dest="metrics", metavar="KEY",
+                      help="a key of metrics.jsonl, e.g. reward, accuracy, entropy, completions/mean_length, kl "
+                           "(repeatable; default: reward)")
+    plot.add_argument("--out", type=Path, default=Path("runs.png"), metavar="FILE",
+                      help="the figure's file; its suffix (.png, .pdf, .svg) sets the format")
+    plot.add_argument("--smooth", type=int, default=1, metavar="K", help="running mean over K steps")
+    export = commands.add_parser(
+        "export", help="write a run's policy (and value model) as Hugging Face folders",
+        description="Write the policy of a run's newest checkpoint (or of one checkpoint-<step> folder) to DIR as "
+                    "a Hugging Face model with its tokenizer, which rlbook.lm.load_policy and "
+                    "transformers.AutoModelForCausalLM.from_pretrained read, and the value model, where the run "
+                    "trained one (PPO, VAPO), to DIR/value_model "
+                    "(transformers.AutoModelForTokenClassification.from_pretrained). DIR/export.json says what "
+                    "it was made from.",
+        formatter_class=_HelpFormatter)
+    export.add_argument("path", type=Path, metavar="RUN_DIR",
+                        help="a run folder (its newest checkpoint is exported) or one checkpoint-<step> folder")
+    export.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="where to write it (default: RUN_DIR/policy-<step>)")
     convert = commands.add_parser(
         "convert-checkpoint", help="rewrite trusted checkpoints of an older format as data (unpickles them)",
         description="Rewrite the checkpoints of a run written by `rlbook train` (DIR is the run folder, or one "
@@ -96,6 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--trust", action="store_true",
                          help="I trust whoever made these checkpoints: unpickle them fully (runs their code)")
     return parser
+
+
+def task_lines(recipes: dict) -> list[str]:
+    """One line per base policy for ``--help``: its name, the task of :data:`rlbook.tasks.TASKS` it was
+    fine-tuned on and that task's settings (``RECIPES[name].make_task()`` builds it)."""
+    lines = []
+    for name, recipe in recipes.items():
+        settings = ", ".join(f"{k}={v!r}" for k, v in recipe.task_kwargs.items())
+        lines.append(f"{name}: task {recipe.task!r}" + (f" ({settings})" if settings else ""))
+    return lines
 
 
 def parse_overrides(items: list[str]) -> dict:
@@ -146,16 +241,20 @@ def train(args) -> int:
     from rlbook.presets import PRESETS, preset
     from rlbook.trainer import Trainer
 
+    if args.algo.lower() in NOT_PRESETS:
+        raise UsageError(f"--algo {args.algo}: {NOT_PRESETS[args.algo.lower()]}")
     if args.algo not in PRESETS:
         raise UsageError(f"unknown preset {args.algo!r}; choose one of: {', '.join(PRESETS)}")
     if args.task not in RECIPES:
         raise UsageError(f"unknown task {args.task!r}; choose one of: {', '.join(RECIPES)}")
     if args.model_size is not None and args.model_size not in MODEL_SIZES:
         raise UsageError(f"unknown model size {args.model_size!r}; choose one of: {', '.join(MODEL_SIZES)}")
-    if args.max_steps < 1 or (args.save_steps is not None and args.save_steps < 1):
-        raise UsageError(f"--max-steps and --save-steps must be >= 1, got {args.max_steps} and {args.save_steps}")
+    if args.max_steps < 1:
+        raise UsageError(f"--max-steps must be >= 1, got {args.max_steps}")
+    if args.save_steps < 1:
+        raise UsageError(f"--save-steps must be >= 1, got {args.save_steps}")
     if args.save_total_limit is not None and args.save_total_limit < 1:
-        raise UsageError(f"--save-total-limit must be >= 1, got {args.save_total_limit}")
+        raise UsageError(f"--save-total-limit must be >= 1 (or 'none': keep all), got {args.save_total_limit}")
     recipe = RECIPES[args.task]
     overrides = parse_overrides(args.overrides)
     try:
@@ -165,6 +264,7 @@ def train(args) -> int:
         raise UsageError(f"bad configuration: {error}") from None
 
     out = args.output_dir
+    check_output_dir(out, "--output-dir")
     run = {"algo": args.algo, "task": args.task, "model_size": args.model_size, "seed": args.seed,
            "overrides": overrides, "config": dataclasses.asdict(config)}
     checkpoints = list_checkpoints(out)  # complete ones only: temporary folders are not listed
@@ -174,11 +274,9 @@ def train(args) -> int:
         if not (out / "run.json").is_file():
             raise UsageError(f"--resume: {out} has checkpoints but no run.json: it was not written by rlbook train")
         stored = json.loads((out / "run.json").read_text())
-        mismatch = sorted(k for k in ("algo", "task", "model_size", "seed")
-                          if stored[k] != run[k]) + sorted(
-            k for k in run["config"] if k != "max_steps" and stored["config"].get(k) != run["config"][k])
+        mismatch = resume_mismatch(stored, run)
         if mismatch:
-            raise UsageError(f"--resume: the run in {out} was made with other settings (differs in {mismatch})")
+            raise UsageError(f"--resume: the run in {out} was made with other settings {mismatch}")
     elif out.exists() and any(out.iterdir()):
         raise UsageError(f"{out} already holds a run; pass --resume to continue it or choose another --output-dir")
 
@@ -195,7 +293,7 @@ def train(args) -> int:
     world, device = init_from_env(args.device) if launched_by_torchrun() else (World(), args.device)
     barrier(world)  # every process has checked DIR before rank 0 writes to it
     if world.is_main:
-        out.mkdir(parents=True, exist_ok=True)
+        make_output_dir(out, "--output-dir")
     model, tokenizer = starting_policy(args.task, args.model_size, args.seed, device)
     try:
         trainer = Trainer(model, tokenizer, recipe.make_task(), config, world=world)
@@ -213,7 +311,7 @@ def train(args) -> int:
         atomic_write_text(out / "run.json", run_json)
     if world.is_main:
         trainer.callbacks += [MetricsLogger(metrics_path)]
-    saver = CheckpointSaver(out, args.save_steps or args.max_steps, keep_last=args.save_total_limit)
+    saver = CheckpointSaver(out, args.save_steps, keep_last=args.save_total_limit)
     trainer.callbacks += [saver]  # saves on rank 0 only
     trainer.train(args.max_steps - trainer.step, progress=not args.no_progress)
     if not (out / f"checkpoint-{trainer.step}").exists():
@@ -225,6 +323,52 @@ def train(args) -> int:
               f"metrics in {metrics_path}" + (f" ({world.size} processes)" if world.distributed else ""),
               file=sys.stderr)
     return 0
+
+
+def resume_mismatch(stored: dict, run: dict) -> str:
+    """The settings in which ``stored`` (a run's ``run.json``) and ``run`` (this command's) differ, with both
+    values (``"(differs in ['learning_rate']); run.json: learning_rate=0.001; this command: ..."``), or ``""``.
+    ``max_steps`` may differ: a resumed run may be extended."""
+    from rlbook.trainer import describe_differences
+
+    top = ("algo", "task", "model_size", "seed")
+    before = {**{k: stored[k] for k in top if k in stored}, **stored.get("config", {})}
+    now = {**{k: run[k] for k in top}, **run["config"]}
+    keys = [k for k in top if before.get(k) != now[k]] + sorted(
+        k for k in run["config"] if k != "max_steps" and before.get(k) != now[k])
+    return describe_differences(keys, before, now, "run.json", "this command") if keys else ""
+
+
+def output_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be an output folder, in a few words (it is a file, or it lies below one), or None.
+    Whether it can be written is known only by trying (:func:`make_output_dir`)."""
+    if path.exists() and not path.is_dir():
+        return "is a file, not a folder"
+    for parent in path.parents:
+        if parent.exists():
+            return None if parent.is_dir() else f"lies below {parent}, which is a file"
+    return None
+
+
+def check_output_dir(path: Path, flag: str) -> None:
+    """``UsageError`` naming ``flag`` when ``path`` is a file or lies below one."""
+    problem = output_problem(path)
+    if problem:
+        raise UsageError(f"{flag} {path} {problem}; choose a folder")
+
+
+def make_output_dir(path: Path, flag: str) -> None:
+    """Create the folder ``path`` (and its parents) and check that a file can be created in it: a
+    ``UsageError`` naming ``flag`` and the cause (no permission, a read-only file system) otherwise."""
+    import tempfile
+
+    check_output_dir(path, flag)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise UsageError(f"{flag} {path} cannot be written: {error.strerror or error}") from None
 
 
 def starting_policy(task: str, model_size: str | None, seed: int, device):
@@ -268,6 +412,83 @@ def convert(args) -> int:
         except (TypeError, ValueError) as error:
             raise UsageError(f"could not convert {path}: {error}") from None
         print(f"converted {path}", file=sys.stderr)
+    return 0
+
+
+def plot(args) -> int:
+    """``rlbook plot RUN_DIR ... --metric KEY --out FILE``: the runs side by side (:func:`rlbook.plotting.plot_runs`)
+    in the book's style, each named by its folder."""
+    from rlbook.runs import read_metrics
+
+    metrics = args.metrics or ["reward"]
+    if args.smooth < 1:
+        raise UsageError(f"--smooth must be >= 1, got {args.smooth}")
+    runs = {}
+    for folder, label in zip(args.runs, run_labels(args.runs)):
+        try:
+            runs[label] = read_metrics(folder)
+        except (FileNotFoundError, ValueError) as error:
+            raise UsageError(str(error)) from None
+        if not runs[label]:
+            raise UsageError(f"{folder} has no metrics yet: its metrics.jsonl is empty")
+    out = args.out
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder; give a file name such as {out / 'runs.png'}")
+
+    import matplotlib.pyplot as plt
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    from rlbook.plotting import BOOK_RC, plot_runs
+
+    if out.suffix.lstrip(".").lower() not in FigureCanvasBase.get_supported_filetypes():
+        raise UsageError(f"--out {out}: unknown figure format {out.suffix or '(no suffix)'!r}; end the name in "
+                         + ", ".join(f".{f}" for f in ("png", "pdf", "svg")))
+    with plt.rc_context(BOOK_RC):  # the book's figure style (rlbook.plotting.use_book_style), for this figure only
+        try:
+            fig, _ = plot_runs(runs, metrics, smooth=args.smooth)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        try:
+            make_output_dir(out.parent, f"--out {out}: its folder")
+            fig.savefig(out)
+        except OSError as error:
+            raise UsageError(f"--out {out} cannot be written: {error.strerror or error}") from None
+        finally:
+            plt.close(fig)
+    print(f"wrote {out}: {', '.join(metrics)} of {len(runs)} run(s)", file=sys.stderr)
+    return 0
+
+
+def run_labels(folders: list[Path]) -> list[str]:
+    """A name for each run folder: its own name, or the path as given where two runs share a name (or a
+    metrics.jsonl was given: its folder's name)."""
+    names = [(f.parent if f.name == "metrics.jsonl" else f).resolve().name or str(f) for f in folders]
+    return [name if names.count(name) == 1 else str(folder) for name, folder in zip(names, folders)]
+
+
+def export(args) -> int:
+    """``rlbook export RUN_DIR [--out DIR]``: the newest checkpoint's policy (and value model) as Hugging Face
+    folders (:func:`rlbook.runs.export_checkpoint`)."""
+    from rlbook.files import UnsafeCheckpointError
+    from rlbook.runs import VALUE_MODEL_DIR, export_checkpoint, newest_checkpoint
+
+    try:
+        checkpoint = newest_checkpoint(args.path)
+    except FileNotFoundError as error:
+        raise UsageError(f"{error} (rlbook train saves one every --save-steps steps and at the end)") from None
+    step = checkpoint.name.removeprefix("checkpoint-")
+    out = args.out if args.out is not None else checkpoint.parent / (
+        f"policy-{step}" if step.isdigit() else f"{checkpoint.name}-policy")
+    check_output_dir(out, "--out")
+    try:
+        export_checkpoint(checkpoint, out)
+    except (UnsafeCheckpointError, FileExistsError) as error:
+        raise UsageError(str(error)) from None
+    except OSError as error:  # no permission, a read-only file system
+        raise UsageError(f"--out {out} cannot be written: {error.strerror or error}") from None
+    value = f" and its value model ({out / VALUE_MODEL_DIR})" if (out / VALUE_MODEL_DIR).is_dir() else ""
+    print(f"exported the policy of {checkpoint} to {out}{value}; load it with rlbook.lm.load_policy({str(out)!r}) "
+          f"or transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})", file=sys.stderr)
     return 0
 
 
@@ -319,6 +540,10 @@ def main(argv: list[str] | None = None) -> int:
             return train(args)
         if args.command == "convert-checkpoint":
             return convert(args)
+        if args.command == "plot":
+            return plot(args)
+        if args.command == "export":
+            return export(args)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -607,3 +607,53 @@ def label_points(ax, xs, ys, names, *, colors=None, fontsize: float = 10, gap: f
         taken.append(box)
         labels.append(label)
     return labels
+
+
+# ---- Runs of `rlbook train` side by side ---------------------------------------------------------
+
+def plot_runs(runs: dict[str, list[dict]], metrics=("reward",), *, smooth: int = 1, ncols: int = 3,
+              titles: dict[str, str] | None = None):
+    """Runs side by side: one panel per metric (``ncols`` to a row), one line per run against the step, each run
+    in its own colour in every panel and named at its line's end in the first row's last panel
+    (:func:`label_lines`). Call :func:`use_book_style` first for the book's look (``rlbook plot`` does).
+
+    Args:
+        runs: label -> one run's metrics, a list of dicts with ``"step"`` (``Trainer.history``, or
+            :func:`rlbook.runs.read_metrics` of a run folder). A step that did not log a metric is skipped.
+        metrics: the keys to plot, e.g. ``["reward", "entropy", "completions/mean_length"]``.
+        smooth: running mean over this many steps (1: none; cut to a run's length).
+        titles: optional metric -> panel title (default: the key).
+    Returns ``(fig, axes)``, ``axes`` flat with one panel per metric. ``ValueError`` naming the metric and the
+    keys the runs have when no run logged one of ``metrics``, or when ``runs`` or ``metrics`` is empty.
+    """
+    metrics = list(metrics)
+    if not runs or not metrics:
+        raise ValueError(f"plot_runs needs at least one run and one metric, got {len(runs)} runs and "
+                         f"metrics {metrics}")
+    logged = {k for history in runs.values() for record in history for k in record}
+    for metric in metrics:
+        if metric not in logged:
+            keys = sorted(k for k in logged if k != "step")
+            raise ValueError(f"no run logged the metric {metric!r}; they logged: {', '.join(keys) or 'nothing'}")
+    ncols = max(1, min(ncols, len(metrics)))
+    nrows = -(-len(metrics) // ncols)
+    fig, grid = book_subplots(nrows, ncols, squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[len(metrics):]:
+        ax.set_visible(False)
+    axes = axes[:len(metrics)]
+    for ax, metric in zip(axes, metrics):
+        for colour, (label, history) in zip(_cycle(COLORS, len(runs)), runs.items()):
+            steps, values = _aligned([history], metric, "step")
+            if not steps.size:
+                continue
+            plot_seeds(ax, steps, values, label=label, color=colour, smooth=max(1, min(smooth, steps.size)))
+        ax.set_title((titles or {}).get(metric, metric))
+        ax.set_xlabel("step")
+    label_lines(axes[min(ncols, len(axes)) - 1])
+    return fig, axes
+
+
+def _cycle(colours: list[str], n: int) -> list[str]:
+    """``n`` colours from ``colours``, starting again from the first when there are more runs than colours."""
+    return [colours[i % len(colours)] for i in range(n)]

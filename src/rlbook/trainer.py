@@ -281,7 +281,7 @@ class Trainer:
         if finite.all():
             return rollout, 0
         if not finite.any():
-            raise ValueError(f"step {step}: the reward function returned a non-finite reward in "
+            raise ValueError(f"step {step + 1}: the reward function returned a non-finite reward in "
                              f"every one of the {len(finite)} groups; nonfinite_rewards="
                              "'skip_group' left nothing to train on")
         return rollout.select_groups(np.flatnonzero(finite).tolist()), int((~finite).sum())
@@ -294,18 +294,19 @@ class Trainer:
                  step: int | None = None) -> np.ndarray:
         """``reward_fn``'s (default: the trainer's) reward of every completion, (B,) float64; a
         wrong shape is an error, and so is a non-finite reward unless ``nonfinite_rewards=
-        "skip_group"`` (then the caller drops its group): it names the step and the completion."""
+        "skip_group"`` (then the caller drops its group): it names the step (as metrics.jsonl counts
+        them, from 1: the step being sampled is ``step + 1``) and the completion."""
         repeated = self._per_completion(examples)
         reward_fn = reward_fn or self.reward_fn
         rewards = np.asarray(reward_fn(repeated, completions, batch.truncated.tolist()),
                              dtype=np.float64)
         step = self.step if step is None else step
         if rewards.shape != (len(batch),):
-            raise ValueError(f"step {step}: the reward function must return {len(batch)} finite "
+            raise ValueError(f"step {step + 1}: the reward function must return {len(batch)} finite "
                              f"rewards, got shape {rewards.shape}")
         bad = np.flatnonzero(~np.isfinite(rewards)).tolist()
         if bad and self.config.nonfinite_rewards == "raise":
-            raise ValueError(f"step {step}: the reward function must return finite rewards; it "
+            raise ValueError(f"step {step + 1}: the reward function must return finite rewards; it "
                              f"returned {rewards[bad[0]]} for completion {bad[0]} "
                              f"({completions[bad[0]]!r}), {len(bad)} non-finite of {len(batch)} in "
                              "all. Fix the reward function, or pass nonfinite_rewards="
@@ -495,7 +496,7 @@ class Trainer:
         the weights never hold NaN), naming the step and where it came from."""
         if not bool(torch.isfinite(x).all()):
             bad = x.detach().flatten()[~torch.isfinite(x.detach().flatten())]
-            raise ValueError(f"step {self.step}: {source} is not finite ({bad[0].item()}); the "
+            raise ValueError(f"step {self.step + 1}: {source} is not finite ({bad[0].item()}); the "
                              "optimizer step was not taken, so the weights are unchanged by it")
 
     def _kept_rows(self, scored: ScoredRollout, rows: torch.Tensor) -> torch.Tensor:
@@ -657,7 +658,8 @@ class Trainer:
         changed = sorted(k for k in set(state["config"]) | set(ours)
                          if k != "max_steps" and state["config"].get(k) != ours.get(k))
         if changed:
-            raise ValueError(f"the checkpoint was made with another config (differs in {changed})")
+            raise ValueError("the checkpoint was made with another config "
+                             + describe_differences(changed, state["config"], ours, "the checkpoint", "this trainer"))
         self.policy.load_state_dict(state["policy"])
         if self.value_model is not None:
             self.value_model.load_state_dict(state["value_model"])
@@ -668,6 +670,16 @@ class Trainer:
         self.step, self.history, self.kl_coef = state["step"], state["history"], state["kl_coef"]
         self.value_pretrain_history = state["value_pretrain_history"]
         return self
+
+
+def describe_differences(keys: list[str], stored: dict, given: dict, stored_as: str = "stored",
+                         given_as: str = "given") -> str:
+    """``keys`` where two settings differ, with both values: ``"(differs in ['learning_rate']); the checkpoint:
+    learning_rate=0.001; this trainer: learning_rate=0.5"``. A key one side lacks shows as ``(absent)``."""
+    def values(settings: dict) -> str:
+        return ", ".join(f"{k}={settings[k]!r}" if k in settings else f"{k}=(absent)" for k in keys)
+
+    return f"(differs in {list(keys)}); {stored_as}: {values(stored)}; {given_as}: {values(given)}"
 
 
 def _seed(seed: int, step: int, round_: int = 0, rank: int = 0) -> int:

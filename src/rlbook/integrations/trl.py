@@ -225,17 +225,24 @@ def grpo_config(config_or_preset_name: RLConfig | str, *, num_processes: int = 1
 
     ``num_processes``: the processes TRL will run on (accelerate's ``num_processes``); the book's global batch
     is split over them. ``strict=False`` maps what TRL can express and warns about the rest (:func:`unsupported`).
+
+    TRL's configs default to ``bf16=True``, which needs a GPU: on a CPU pass ``bf16=False, use_cpu=True`` (TRL's
+    refusal is then re-raised with that hint).
     """
     c = as_config(config_or_preset_name)
     kwargs = {**grpo_kwargs(c, num_processes=num_processes, strict=strict), "output_dir": output_dir,
               **trl_overrides}
     if c.loss_type == "gmpo":
-        from trl.experimental.gmpo import GMPOConfig
-
-        return GMPOConfig(**kwargs)
-    from trl import GRPOConfig
-
-    return GRPOConfig(**kwargs)
+        from trl.experimental.gmpo import GMPOConfig as TRLConfig
+    else:
+        from trl import GRPOConfig as TRLConfig
+    try:
+        return TRLConfig(**kwargs)
+    except ValueError as error:
+        if "bf16" not in str(error) or kwargs.get("bf16") is False:
+            raise
+        raise ValueError(f"{error} (TRL's {TRLConfig.__name__} defaults to bf16=True, which needs a GPU; on a CPU "
+                         "pass grpo_config(..., bf16=False, use_cpu=True))") from error
 
 
 def trainer_class(config: RLConfig | str) -> type:
