@@ -82,7 +82,7 @@ bench: install  ## rollout and log-prob throughput, ours vs model.generate (prin
 	$(BIN)/python bench/rollout_bench.py
 
 # Needs a CUDA build of torch (requirements.txt pins the CPU wheel; the script prints the pip command for a CUDA one).
-gpu-check: install  ## on a machine with a CUDA GPU: the CUDA tests, then 20 GRPO steps (tokens/s, s/step, peak memory) into _build/gpu_check.json
+gpu-check: install  ## on a machine with a CUDA GPU: the CUDA tests, then 20 GRPO steps (tokens/s, s/step, peak memory, the update's TFLOP/s against the GPU's bf16 peak; fails unless the first step's ratios are 1 within 1e-3) into _build/gpu_check.json
 	$(BIN)/python scripts/gpu_check.py
 
 clean:

@@ -1,14 +1,17 @@
-"""The GPU path: sampling, log-probs, bf16 autocast, the trainer (GRPO and PPO), the reward model, DPO and the
-command line on a CUDA device, each compared with the CPU where the numbers must agree.
+"""The GPU path: sampling, log-probs, bf16 autocast, the trainer (GRPO and PPO), the reward model, DPO, the
+command line and DDP over NCCL on a CUDA device, each compared with the CPU where the numbers must agree.
 
-Every test but the last is marked ``cuda`` and skipped without a CUDA GPU; ``make gpu-check``
-(scripts/gpu_check.py) runs them on one. The last test runs that script tiny on the CPU, so that it is exercised
-by every ``make test``.
+Every test but the last two is marked ``cuda`` and skipped without a CUDA GPU (the DDP test without two);
+``make gpu-check`` (scripts/gpu_check.py) runs them on one. The last two run that script tiny on the CPU, in
+float32 and under CUDA's bf16 autocast emulated on the CPU, so that it is exercised by every ``make test``. The
+bounds of the bf16 tests are what the CPU emulation of the same arithmetic gives (tests/test_bf16_emulation.py),
+with room for CUDA's kernels; no GPU has run them yet.
 """
 
 import copy
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +23,7 @@ import torch
 from rlbook.checkpoints import RECIPES, load_base_policy
 from rlbook.files import read_checkpoint
 from rlbook.lm import autocast, build_model, lean
-from rlbook.rollout import generate_rollouts, sequence_logprobs
+from rlbook.rollout import encode_completions, generate_rollouts, sequence_logprobs
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["12+3=", "7*8=", "hello world, 41+1=", "(x)"]
@@ -109,7 +112,10 @@ def test_cuda_lean_forward_equals_the_hf_forward(tokenizer, arch):
 @cuda_test
 def test_cuda_bf16_autocast_logprobs_are_float32_and_close_to_float32():
     """Under bf16 autocast the forward rounds to 8 bits of mantissa; the log-softmax stays float32. Under the CPU's
-    bf16 autocast (the same weights, 128 completions) the per-token gap was 0.008 on average and 0.07 at most."""
+    bf16 autocast (the same weights and settings, 128 completions, seeds 0-9) the per-token gap to float32 was
+    0.008-0.011 on average and 0.02-0.04 at the 90th percentile; its maximum is one token's and depends on the
+    seed (0.12-0.29), so it is not asserted. Sampler against learner, both in bf16: 2.6e-7 on average, 7e-7 at
+    most (the bounds leave room for CUDA's kernels, which order a product's sums by its shape)."""
     model, tokenizer = base_policy("cuda")
     task = RECIPES["arithmetic"].make_task()
     prompts = [e.prompt for e in task.sample(32, split="train", seed=np.random.default_rng(0))]
@@ -121,10 +127,28 @@ def test_cuda_bf16_autocast_logprobs_are_float32_and_close_to_float32():
         bf16 = recompute(model, batch)
     float32 = recompute(model, batch)
     assert bf16.dtype == batch.logprobs.dtype == torch.float32
-    gap = (bf16 - float32).abs()[batch.completion_mask.bool()]
-    print(f"bf16 vs float32 log-probs: mean gap {gap.mean():.4f}, max {gap.max():.4f}")
-    assert gap.mean() < 0.02 and gap.max() < 0.25
-    assert (batch.logprobs - bf16).abs().max() < 0.25  # cached decode vs full forward, both in bf16
+    scored = batch.completion_mask.bool()
+    gap = (bf16 - float32).abs()[scored]
+    print(f"bf16 vs float32 log-probs: mean gap {gap.mean():.4f}, 90th percentile {gap.quantile(0.9):.4f}")
+    assert gap.mean() < 0.02 and gap.quantile(0.9) < 0.06
+    if native:  # cached decode vs full forward, both in bf16
+        sampler = (batch.logprobs - bf16).abs()[scored]
+        print(f"sampler vs learner in bf16: mean {sampler.mean():.2e}, max {sampler.max():.2e}")
+        assert sampler.mean() < 2e-5 and sampler.quantile(0.99) < 2e-4
+
+
+@cuda_test
+def test_cuda_encode_completions_and_a_model_on_the_gpu():
+    """encode_completions without device= keeps its tensors on the CPU, where models are built by default (the PPO
+    chapters call it so); sequence_logprobs moves them to its model's device and computes there."""
+    model, tokenizer = base_policy("cuda")
+    ids, attention, mask = encode_completions(tokenizer, PROMPTS, ["15", "56", "hi", "x"])
+    assert ids.device.type == "cpu"
+    with torch.no_grad():
+        on_gpu = sequence_logprobs(model, ids, attention, mask)
+        on_cpu = sequence_logprobs(base_policy("cpu")[0], ids, attention, mask)
+    assert on_gpu.device.type == "cuda"
+    torch.testing.assert_close(on_gpu.cpu(), on_cpu, atol=1e-4, rtol=0)
 
 
 # ---------------------------------------------------------------- the trainer
@@ -157,6 +181,21 @@ def test_cuda_trainer_steps_finish_with_finite_metrics(name):
             assert all(p.device.type == "cuda" for p in m.parameters())
     for state in trainer.optimizer.state.values():
         assert all(v.device.type == "cuda" for v in state.values() if isinstance(v, torch.Tensor) and v.ndim)
+
+
+@cuda_test
+@pytest.mark.parametrize("name", ["grpo", "gspo"])
+def test_cuda_first_on_policy_step_has_ratios_of_one(name):
+    """Under bf16 autocast the trainer recomputes the old log-probs (rlbook.lm.device.low_precision), so the first
+    step's ratios, all taken before its one optimizer step, are 1: GSPO's clip of 3e-4 cuts nothing."""
+    from rlbook.trainer import Trainer
+
+    model, tokenizer = base_policy("cuda")
+    trainer = Trainer(model, tokenizer, RECIPES["arithmetic"].make_task(),
+                      small_config(name, max_steps=1, eval_every=0, steps_per_generation=1))
+    metrics = trainer.train(progress=False)[0]
+    assert abs(metrics["ratio/min"] - 1) < 1e-3 and abs(metrics["ratio/max"] - 1) < 1e-3, metrics
+    assert metrics["clip_ratio/region_mean"] == 0
 
 
 @cuda_test
@@ -253,6 +292,28 @@ def test_cuda_rlbook_train_on_the_command_line(tmp_path, one_torch_thread):
     assert state["step"] == 2
 
 
+@cuda_test
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_cuda_ddp_over_nccl_with_torchrun(tmp_path):
+    """``torchrun --nproc_per_node 2 -m rlbook train ... --device cuda``: two processes, one GPU each, NCCL; rank 0
+    alone writes one line a step, the metrics are finite and the first step's ratios are 1 under bf16 (that a DDP
+    step equals the single-process step is checked over gloo, tests/test_distributed.py)."""
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "rlbook", "train", "--algo", "grpo", "--task", "arithmetic", "--max-steps", "2",
+                           "--device", "cuda", "--output-dir", str(out), "--no-progress"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "(2 processes)" in done.stderr
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(math.isfinite(v) for m in metrics for v in m.values() if isinstance(v, float))
+    assert json.loads((out / "run.json").read_text())["world_size"] == 2
+    assert abs(metrics[0]["ratio/min"] - 1) < 1e-3 and abs(metrics[0]["ratio/max"] - 1) < 1e-3
+    assert read_checkpoint(out / "checkpoint-2", "cpu")["step"] == 2
+
+
 # ---------------------------------------------------------------- scripts/gpu_check.py, tiny, on the CPU
 
 
@@ -269,8 +330,26 @@ def test_gpu_check_smoke_runs_on_the_cpu(tmp_path):
     run = report["grpo"]
     assert run["steps"] == 2 and run["all_metrics_finite"] and run["peak_memory_mib"] is None
     assert report["sampling"]["tokens_per_second"] > 0 and 0 <= run["eval_accuracy"] <= 1
+    assert run["first_step_ratio_ok"] and abs(run["first_step_ratio_min"] - 1) < 1e-3
+    assert run["update_tflops"] > 0 and run["update_fraction_of_peak"] is None and report["peak"] == "n/a on the CPU"
+    assert "first step's ratios" in done.stdout and "update, TFLOP/s" in done.stdout
+    assert report["sampling"]["sampler_learner_gap_mean"] < 1e-5  # float32
     if not torch.cuda.is_available():  # and without --device cpu it refuses, saying why
         refused = subprocess.run([sys.executable, "scripts/gpu_check.py", "--out", str(tmp_path / "no.json")],
                                  cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert refused.returncode == 1 and "no CUDA GPU" in refused.stderr
         assert not (tmp_path / "no.json").exists()
+
+
+def test_gpu_check_smoke_under_emulated_bf16_asserts_first_step_ratios_of_one(tmp_path):
+    """``--cpu-bf16``: the same run under CUDA's bf16 autocast emulated on the CPU. The first step's ratios are 1
+    within 1e-3 (the script fails otherwise: they spanned [0.95, 1.08] when the trainer took the sampler's bf16
+    log-probs as the old ones), and the sampler's log-probs are the learner's to 1e-5."""
+    out = tmp_path / "gpu_check.json"
+    done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--smoke", "--cpu-bf16",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["ok"] and "bfloat16 autocast" in report["grpo"]["precision"]
+    assert report["grpo"]["first_step_ratio_ok"]
+    assert report["sampling"]["sampler_learner_gap_max"] < 1e-5

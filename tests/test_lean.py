@@ -140,6 +140,25 @@ def test_shared_prompts_run_once_with_the_same_result_and_gradient(tokenizer, ar
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
+# The tokens the float32 decoder draws (seed 0), stored: the CPU path of every stored experiment and notebook, which
+# a change meant for another precision (bf16 autocast: tests/test_bf16_emulation.py) must leave as it is. Token ids
+# are integers, compared exactly; the same under the kernel settings of make test-portability (default, AVX2).
+SNAPSHOT_PROMPTS = ["12+3=", "a", "hello world, 7*8=", "(x)"]
+SNAPSHOT = {
+    "llama": [[58, 3, 40, 27, 12, 39], [12, 31, 22, 51, 17, 14], [44, 7, 39, 52, 52, 58], [7, 17, 50, 17, 44, 12],
+              [3, 17, 28, 26, 6, 52], [44, 4, 33, 39, 34, 32], [4, 39, 13, 3, 10, 0], [2, 0, 0, 0, 0, 0]],
+    "qwen2": [[58, 3, 40, 27, 12, 39], [12, 31, 22, 51, 17, 14], [44, 20, 39, 52, 52, 41], [44, 17, 50, 16, 44, 12],
+              [3, 17, 28, 31, 6, 52], [44, 4, 33, 39, 34, 32], [30, 39, 21, 3, 10, 0], [2, 0, 0, 0, 0, 0]],
+}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_float32_sampling_draws_the_stored_tokens(tokenizer, one_torch_thread, arch):
+    model = build_model("tiny", arch=arch, seed=0)
+    batch = generate_rollouts(model, tokenizer, SNAPSHOT_PROMPTS, num_generations=2, max_new_tokens=6, seed=0)
+    assert batch.completion_ids.tolist() == SNAPSHOT[arch]
+
+
 @pytest.mark.parametrize("columns", [1, 7, 15, 16, 40])
 def test_softmax_padding_gives_the_softmax_and_its_gradient(columns):
     """lean._softmax pads short rows to 16 columns on a CPU (speed); values and gradients are torch's."""

@@ -192,6 +192,19 @@ def test_encode_completions_layout(tokenizer):
         encode_completions(tokenizer, ["a"], [""], add_eos=False)
 
 
+def test_encode_completions_defaults_to_the_cpu_where_models_default(models, tokenizer, monkeypatch):
+    """On a machine with a GPU, build_model and load_base_policy still put a model on the CPU unless asked, and so
+    does encode_completions with its tensors (it took CUDA, so the chapters' cells that call it without device=
+    failed there with a device mismatch); every function given a model computes where the model is."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    ids, attn, mask = encode_completions(tokenizer, ["1+1=", "12+13="], ["2", "25"])
+    assert ids.device.type == attn.device.type == mask.device.type == "cpu"
+    model = models["llama"]
+    assert sequence_logprobs(model, ids, attn, mask).device.type == "cpu"
+    batch = generate_rollouts(model, tokenizer, ["1+1="], max_new_tokens=2, seed=0)
+    assert batch.completion_ids.device.type == batch.logprobs.device.type == "cpu"
+
+
 # ---------------------------------------------------------------- greedy == generate, reproducibility
 
 
@@ -430,8 +443,11 @@ def test_on_cuda_float32(tokenizer):
 
 @cuda
 def test_on_cuda_bf16_autocast(tokenizer):
-    """Under bf16 the cached decode and the full forward round differently: a mismatch every RL library lives
-    with (sampler vs trainer). We only bound it; the log-softmax itself stays float32."""
+    """Under bf16 autocast the cached decode rounds as the full forward does (rlbook.lm.lean), so sampled and
+    recomputed log-probs agree, the log-softmax in float32. CPU emulation (tests/test_bf16_emulation.py) gives
+    2.6e-7 on average and 7e-7 at most; CUDA chooses a product's kernel, hence the order of its sums, by its
+    shape (a decode step has other shapes than the full forward), so we bound the mean and a quantile with room
+    for that: still 100x below the 3e-3 of a decoder that rounded its residual stream to bf16."""
     from rlbook.lm import autocast
 
     model = build_model("small", device="cuda")
@@ -439,9 +455,10 @@ def test_on_cuda_bf16_autocast(tokenizer):
         batch = generate_rollouts(model, tokenizer, PROMPTS, num_generations=4, max_new_tokens=16, seed=0)
         with torch.no_grad():
             again = recompute(model, batch)
-    gap = (again - batch.logprobs).abs().max().item()
-    print(f"bf16 autocast: max |sampled - recomputed| log-prob = {gap:.2e}")
-    assert again.dtype == torch.float32 and gap < 0.1
+    gap = (again - batch.logprobs).abs()[batch.completion_mask.bool()]
+    print(f"bf16 autocast: |sampled - recomputed| log-prob: mean {gap.mean():.2e}, max {gap.max():.2e}")
+    assert again.dtype == torch.float32
+    assert gap.mean() < 2e-5 and gap.quantile(0.99) < 2e-4
 
 
 def test_select_groups_and_concat_rollouts_keep_groups_whole(tokenizer):

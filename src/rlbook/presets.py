@@ -43,8 +43,11 @@ class RLConfig:
     # --- the sampler against the learner. In production an inference engine samples (often in lower precision)
     # and its log-probs differ from the learner's for the same tokens. sampler_temperature other than temperature
     # plays such a sampler: it draws and scores at its own temperature. old_logprobs says what the ratio divides
-    # by: "learner" (pi_old recomputed by the training forward whenever it can differ from the sampler's, as TRL)
-    # or "sampler" (the sampler's log-probs, as engines that skip the recompute: the mismatch enters every ratio).
+    # by: "learner" (pi_old recomputed by the training forward whenever it can differ from the sampler's, as TRL:
+    # num_iterations > 1, steps_per_generation > gradient_accumulation_steps, another sampler_temperature, or a
+    # forward that rounds below float32, bf16 autocast on a GPU included: rlbook.lm.device.low_precision; in float32
+    # the two agree to about 1e-6 and the sampler's numbers are used) or "sampler" (the sampler's log-probs, as
+    # engines that skip the recompute: the mismatch enters every ratio).
     sampler_temperature: float | None = None  # None: temperature
     old_logprobs: str = "learner"
     # --- batch layout, TRL's: generation_batch_size = per_device_train_batch_size * steps_per_generation

@@ -23,7 +23,8 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from rlbook.lm import adamw, autocast
 from rlbook.lm.model import position_ids_from_mask
-from rlbook.lm.value import scalar_head_model
+from rlbook.lm.device import resolve_device
+from rlbook.lm.value import float32_head, scalar_head_model
 from rlbook.rollout import encode_completions
 from rlbook.tasks.preferences import PreferencePair
 
@@ -71,14 +72,18 @@ def sequence_scores(model: PreTrainedModel, input_ids: torch.Tensor,
     real token.
 
     Works with left- and right-padding: the last real token is the rightmost column whose mask is 1.
+    The head runs in float32, also under autocast (:func:`rlbook.lm.value.float32_head`); the inputs
+    move to the model's device.
     """
+    device = resolve_device(None, model)
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     position_ids = position_ids_from_mask(attention_mask)
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
                               position_ids=position_ids).last_hidden_state  # (B, L, H)
-    columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    columns = torch.arange(attention_mask.shape[1], device=device)
     last = (attention_mask.bool() * columns).argmax(-1)  # (B,)
-    return model.score(
-        hidden[torch.arange(len(last), device=last.device), last]).squeeze(-1).float()
+    at_last = hidden[torch.arange(len(last), device=device), last]  # (B, H)
+    return float32_head(model.score, at_last).squeeze(-1)
 
 
 def pair_scores(model, tokenizer, pairs: list[PreferencePair],

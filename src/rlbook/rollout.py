@@ -292,11 +292,11 @@ def generate_rollouts(
     afterwards.
 
     ``shrink_batch=False`` keeps every row in the batch to the end, as ``generate`` does: one batch
-    shape throughout. Measured on an H200 under bf16 autocast (bench/rollout_bench.py, when the
-    batch was halved as rows ended), the new shapes cost more in cuDNN attention planning than they
-    saved, for these tiny models; on a CPU shrinking only helps. Which rows the model's batch holds
-    changes no token: the random draws keep the layout of a draw batch that is only ever halved (see
-    the loop). With ``shrink_batch=False`` that batch is not halved either, so the draws differ.
+    shape throughout, which may suit a device where each new shape has a cost (a GPU may prepare
+    kernels per shape; not measured: no GPU has run this code). On a CPU shrinking saves the
+    finished rows' work at no such cost. Which rows the model's batch holds changes no token: the
+    random draws keep the layout of a draw batch that is only ever halved (see the loop).
+    With ``shrink_batch=False`` that batch is not halved either, so the draws differ.
     """
     _check_sampling_args(prompts, num_generations, max_new_tokens, temperature, top_k, top_p)
     check_tokenizer(tokenizer)
@@ -459,6 +459,10 @@ def encode_completions(
 
     The prompt and the completion are tokenized separately. With a character tokenizer that is the same as
     tokenizing their concatenation; with a BPE tokenizer the tokens at the seam can differ (TRL checks for this).
+
+    ``device``: where the tensors go. ``None`` is the CPU, where :func:`rlbook.lm.build_model` and
+    :func:`rlbook.checkpoints.load_base_policy` put a model unless asked otherwise (pass ``device=model.device``
+    for a model elsewhere); :func:`sequence_logprobs` moves its inputs to its model's device in any case.
     """
     if isinstance(prompts, str) or isinstance(completions, str):
         raise TypeError("prompts and completions must be lists of strings")
@@ -466,7 +470,7 @@ def encode_completions(
         raise ValueError(f"need as many completions as prompts, at least one: got {len(prompts)} prompts and "
                          f"{len(completions)} completions")
     check_tokenizer(tokenizer)
-    device = resolve_device(device)
+    device = torch.device("cpu" if device is None else device)
     prompt = tokenizer(list(prompts), padding=True, padding_side="left", return_tensors="pt")
     completion = tokenizer(list(completions), add_special_tokens=False, padding=True, padding_side="right",
                            return_tensors="pt")
@@ -517,8 +521,14 @@ def sequence_logprobs(
     Differentiable (use it inside a loss), and cheap under ``torch.no_grad()`` (the reference
     model). Assumes the logits are ``lm_head(last hidden state)``, true of Llama, Qwen2/2.5/3,
     Mistral; models that soft-cap or scale their logits (Gemma 2, Cohere) are refused.
+
+    Computed on the model's device, where the inputs are moved if they are elsewhere (e.g. the CPU
+    tensors of :func:`encode_completions` for a model on a GPU); the result is there too.
     """
     _check_logprob_args(input_ids, attention_mask, completion_mask, temperature, chunk_size)
+    device = resolve_device(None, model)
+    input_ids, attention_mask, completion_mask = (t.to(device) for t in (input_ids, attention_mask,
+                                                                         completion_mask))
     if (getattr(model.config, "final_logit_softcapping", None)
             or getattr(model.config, "logit_scale", None)):
         raise NotImplementedError("sequence_logprobs assumes logits = lm_head(hidden); "

@@ -44,6 +44,7 @@ from rlbook.distributed import (
 )
 from rlbook.files import read_checkpoint, write_checkpoint
 from rlbook.lm import adamw, autocast
+from rlbook.lm.device import low_precision
 from rlbook.lm.moe import expert_choices, is_moe, replay_routes, routers
 from rlbook.lm.value import build_value_model, token_values
 from rlbook.metrics import explained_variance, rollout_metrics
@@ -360,13 +361,15 @@ class Trainer:
                      else mask)
         with autocast(self.device):
             # The sampler's log-probs are the behaviour policy's; with several updates per
-            # rollout (or a sampler at another temperature) we recompute them with the training
-            # forward pass, so that the first ratio is exactly 1 (as TRL does), unless
-            # old_logprobs="sampler".
+            # rollout, a sampler at another temperature, or arithmetic below float32 (bf16
+            # autocast on a GPU: the cached decode and the training forward round differently)
+            # we recompute them with the training forward pass, so that the first ratio is
+            # exactly 1 (as TRL does), unless old_logprobs="sampler".
             if config.old_logprobs == "learner" and (
                     config.num_iterations > 1
                     or config.steps_per_generation > config.gradient_accumulation_steps
-                    or config.sampling_temperature != config.temperature):
+                    or config.sampling_temperature != config.temperature
+                    or low_precision(self.policy)):
                 old_logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask,
                                              temperature=config.temperature)
             else:

@@ -1,8 +1,10 @@
 """Where tensors live, and in which precision the forward passes run.
 
 Everything in :mod:`rlbook.lm` and :mod:`rlbook.rollout` takes a ``device`` argument; ``None`` means "where the
-model already is". The book runs on a CPU; the same code runs on a CUDA GPU, where bf16 autocast roughly halves
-memory and time.
+model already is" (the CPU for a function given no model, :func:`rlbook.rollout.encode_completions`; loading,
+:func:`rlbook.lm.load_policy`, takes :func:`default_device`). The book runs on a CPU; the same code runs on a CUDA
+GPU under bf16 autocast, which should save memory and time there (not measured: no GPU has run this code), and
+:func:`low_precision` says when a forward rounds below float32.
 """
 
 from __future__ import annotations
@@ -43,6 +45,19 @@ def autocast(device: str | torch.device | None = None):
     if device.type == "cuda" and _native_bf16(device.index):
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def low_precision(model: torch.nn.Module) -> bool:
+    """Do ``model``'s forward passes round below float32 here: autocast on its device (bf16 under :func:`autocast`
+    on a GPU, or ``torch.autocast("cpu", dtype=torch.bfloat16)``), or 16-bit weights?
+
+    Then the sampler's log-probs and the learner's can differ for the same tokens: two ways of computing the same
+    function (a cached decode step, a full forward) round differently, and bf16 keeps 8 bits of mantissa. The
+    trainer recomputes the old log-probs with the learner's forward whenever this is True
+    (``old_logprobs="learner"``). In float32 the two agree to about 1e-6, and the sampler's numbers are used."""
+    device = resolve_device(None, model)
+    return torch.is_autocast_enabled(device.type) or any(p.dtype in (torch.float16, torch.bfloat16)
+                                                         for p in model.parameters())
 
 
 @functools.cache

@@ -68,8 +68,13 @@ class Decoder:
     - the rotary cos/sin of every position come from one call of the model's ``rotary_emb`` (a table indexed by
       position), and the attention mask is kept as an additive bias, so neither is rebuilt per step;
     - grouped-query attention stacks the query heads that share a key/value head as rows of one product, instead
-      of repeating the cache to every query head (:func:`_attend_cached`), and the residual additions go into
-      the output products (``addmm``).
+      of repeating the cache to every query head (:func:`_attend_cached`), and in float32 the residual additions
+      go into the output products (``addmm``);
+    - built under autocast (bf16 on a GPU), it casts those weights once, keeps the key cache and the mask in
+      autocast's dtype, and rounds as the learner's autocast forward does (:func:`_residual_linear`,
+      :func:`_attend_cached`, :func:`_rotary`): the residual stream stays float32 and the sampled tokens'
+      log-probs equal :func:`rlbook.rollout.sequence_logprobs` under the same autocast to about 1e-6
+      (tests/test_bf16_emulation.py). Use it under the autocast it was built under.
 
     ``prefill(ids, mask)`` takes left-padded prompts (N, P) and returns the next-token logits (N, V);
     ``repeat_interleave(G)`` repeats every row G times (G completions per prompt); ``select(rows)`` keeps those
@@ -86,8 +91,14 @@ class Decoder:
         config = model.config
         self.kv_heads = config.num_key_value_heads
         self.groups = config.num_attention_heads // config.num_key_value_heads
-        self.layers = [(layer, _FusedLayer(layer)) for layer in self.body.layers]
         self.embedding = self.body.embed_tokens.weight
+        # Under autocast (bf16 on a GPU) the products' weights are cast once, here, not at every step (autocast
+        # caches the casts of parameters only, and these are new tensors), and the cache holds keys in that dtype.
+        self.cast_to = _autocast_dtype(self.embedding.device)
+        # addmm's one rounding of x + h @ W only where the learner's forward is float32 too (see _residual_linear)
+        self.float32 = self.cast_to is None and self.embedding.dtype in (torch.float32, torch.float64)
+        self.layers = [(layer, _FusedLayer(layer, self.cast_to, self.float32)) for layer in self.body.layers]
+        self.head_weight, self.head_bias = _cast(self.head.weight, self.cast_to), _cast(self.head.bias, self.cast_to)
         self.final_norm = self.body.norm.weight, self.body.norm.variance_epsilon
         # per layer: keys (b, kv_heads, d, capacity), stored transposed (the score product then reads them in
         # the layout it wants: 1.5-1.8x faster), values (b, kv_heads, capacity, d); positions < length are filled
@@ -110,22 +121,25 @@ class Decoder:
         # visible (a finished row attends to what it is fed after its end: harmless, nothing after it is kept)
         visible = torch.ones((N, self.capacity), dtype=torch.bool, device=x.device)
         visible[:, :P] = attention_mask.bool()
-        self.bias = _mask_bias(visible[:, None, None, :], self.kv_heads, 1, x.dtype)  # (N * kv_heads, 1, capacity)
+        dtype = self.cast_to or x.dtype  # the scores' dtype
+        self.bias = _mask_bias(visible[:, None, None, :], self.kv_heads, 1, dtype)  # (N * kv_heads, 1, capacity)
         self.bias = self.bias.view(N, self.kv_heads, 1, self.capacity)
         prompt_bias = _mask_bias(_causal(visible[:, None, None, :P], P, P, x.device), self.kv_heads, self.groups,
-                                 x.dtype)  # causal within the prompt: (N * kv_heads, groups * P, P)
+                                 dtype)  # causal within the prompt: (N * kv_heads, groups * P, P)
         rope = self.rope[position_ids_from_mask(attention_mask)]  # (N, P, 2, 1, d): 1 broadcasts over heads
         cos, sin = rope[:, :, 0], rope[:, :, 1]
         for layer, fused in self.layers:
             q, k, v = (t.transpose(1, 2) for t in _rotated_qkv(layer, x, cos, sin, fused))  # (N, heads, P, d)
-            keys = k.new_empty((N, self.kv_heads, k.shape[-1], self.capacity))
-            values = v.new_empty((N, self.kv_heads, self.capacity, v.shape[-1]))
+            # under autocast the cache holds what the score product reads, cast once as it is written
+            keys = k.new_empty((N, self.kv_heads, k.shape[-1], self.capacity), dtype=self.cast_to or k.dtype)
+            values = v.new_empty((N, self.kv_heads, self.capacity, v.shape[-1]), dtype=self.cast_to or v.dtype)
             keys[..., :P], values[:, :, :P] = k.transpose(2, 3), v
             self.keys.append(keys), self.values.append(values)
-            out = _attend_cached(fused.scaling, q, keys[..., :P], v, prompt_bias).transpose(1, 2).reshape(N, P, -1)
+            out = _attend_cached(fused.scaling, q, keys[..., :P], v, prompt_bias, self.float32)
+            out = out.transpose(1, 2).reshape(N, P, -1)
             x = _attention_output_and_mlp(layer, x, out, fused)
         self.length = P
-        return self.head(_rms_norm(body.norm, x[:, -1]))
+        return F.linear(_rms_norm(body.norm, x[:, -1]), self.head_weight, self.head_bias)
 
     def repeat_interleave(self, repeats: int) -> None:
         """Every row ``repeats`` times in a row (rows i*G .. i*G + G - 1 continue prompt i)."""
@@ -155,15 +169,15 @@ class Decoder:
         for (_, w), keys, values in zip(self.layers, self.keys, self.values):
             qkv = F.linear(_rms(x, *w.input_norm), w.qkv_weight, w.qkv_bias).view(b, -1, w.head_dim)
             qk = qkv[:, : w.num_qk_heads]
-            qk = torch.addcmul(qk * cos, qk.roll(w.head_dim // 2, dims=-1), sin)  # rotary (sin pre-signed, prefill)
+            qk = _rotary(qk, cos, sin, self.float32)  # sin pre-signed, see prefill
             keys[..., t], values[:, :, t] = qk[:, w.num_heads :], qkv[:, w.num_qk_heads :]
             out = _attend_cached(w.scaling, qk[:, : w.num_heads, None], keys[..., : t + 1], values[:, :, : t + 1],
-                                 bias)
-            x = _residual_linear(x, out.view(b, -1), w.o_weight_t, w.o_bias)
+                                 bias, self.float32)
+            x = _residual_linear(x, out.view(b, -1), w.o_weight_t, w.o_bias, self.float32)
             gate, up = F.linear(_rms(x, *w.post_norm), w.gate_up_weight, w.gate_up_bias).chunk(2, dim=-1)
-            x = _residual_linear(x, F.silu(gate).mul_(up), w.down_weight_t, w.down_bias)
+            x = _residual_linear(x, F.silu(gate).mul_(up), w.down_weight_t, w.down_bias, self.float32)
         self.length, self.positions = t + 1, self.positions + 1
-        return F.linear(_rms(x, *self.final_norm), self.head.weight, self.head.bias)
+        return F.linear(_rms(x, *self.final_norm), self.head_weight, self.head_bias)
 
 
 def _mask_bias(visible: torch.Tensor, kv_heads: int, groups: int, dtype) -> torch.Tensor:
@@ -174,25 +188,39 @@ def _mask_bias(visible: torch.Tensor, kv_heads: int, groups: int, dtype) -> torc
     return bias[:, :, None].expand(B, kv_heads, groups, L, S).reshape(B * kv_heads, groups * L, S)
 
 
-def _residual_linear(x: torch.Tensor, h: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None):
-    """``x + h @ weight_t (+ bias)`` for (b, in) ``h``: one ``addmm`` when there is no bias."""
+def _residual_linear(x: torch.Tensor, h: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None,
+                     float32: bool = True):
+    """``x + h @ weight_t (+ bias)`` for (b, in) ``h``, the residual ``x`` kept in its dtype.
+
+    In float32 one ``addmm`` when there is no bias. Otherwise (``float32=False``: under autocast, or weights in
+    bf16/fp16) the product is rounded to its dtype before the addition, as the learner's ``x + F.linear(h, W)``
+    does: under autocast ``addmm`` would cast the float32 residual itself to bf16 and return it rounded, after
+    every block (the log-probs then differed from the learner's by 3e-3 on average, against 3e-7)."""
     if bias is not None:
         return x + F.linear(h, weight_t.t(), bias)
-    return torch.addmm(x, h, weight_t)
+    if float32:
+        return torch.addmm(x, h, weight_t)
+    return x + torch.mm(h, weight_t)
 
 
 class _FusedLayer:
     """A decoder layer's weights for cached decoding: [q; k; v] and [gate; up] concatenated (with their biases),
     the output and down projections transposed for ``addmm``, the norms' scales and epsilons, as plain tensors
-    and numbers (reading them off the modules at every step costs more than the arithmetic, at these sizes)."""
+    and numbers (reading them off the modules at every step costs more than the arithmetic, at these sizes).
 
-    def __init__(self, layer):
+    ``cast_to`` (autocast's dtype, or None): the products' weights and biases are cast to it here, once; autocast
+    would cast them at every step, since it caches the casts of parameters only. The norms' scales stay as they
+    are (the norms run in float32)."""
+
+    def __init__(self, layer, cast_to: torch.dtype | None = None, float32: bool = True):
         attn, mlp = layer.self_attn, layer.mlp
+        self.float32 = float32  # the forward's arithmetic: float32 (or float64), or rounded as the learner's
         with torch.no_grad():
-            self.qkv_weight, self.qkv_bias = _concatenated(attn.q_proj, attn.k_proj, attn.v_proj)
-            self.gate_up_weight, self.gate_up_bias = _concatenated(mlp.gate_proj, mlp.up_proj)
-        self.o_weight_t, self.o_bias = attn.o_proj.weight.t(), attn.o_proj.bias
-        self.down_weight_t, self.down_bias = mlp.down_proj.weight.t(), mlp.down_proj.bias
+            self.qkv_weight, self.qkv_bias = _concatenated(attn.q_proj, attn.k_proj, attn.v_proj, cast_to=cast_to)
+            self.gate_up_weight, self.gate_up_bias = _concatenated(mlp.gate_proj, mlp.up_proj, cast_to=cast_to)
+            self.o_weight_t, self.o_bias = _cast(attn.o_proj.weight, cast_to).t(), _cast(attn.o_proj.bias, cast_to)
+            self.down_weight_t = _cast(mlp.down_proj.weight, cast_to).t()
+            self.down_bias = _cast(mlp.down_proj.bias, cast_to)
         self.input_norm = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
         self.post_norm = layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon
         self.head_dim, self.scaling = attn.head_dim, attn.scaling
@@ -200,12 +228,37 @@ class _FusedLayer:
         self.num_qk_heads = self.num_heads + attn.k_proj.out_features // attn.head_dim
 
 
-def _concatenated(*projections) -> tuple[torch.Tensor, torch.Tensor | None]:
-    weight = torch.cat([p.weight for p in projections])
+def _concatenated(*projections, cast_to: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = _cast(torch.cat([p.weight for p in projections]), cast_to)
     if all(p.bias is None for p in projections):
         return weight, None
-    return weight, torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features)
-                              for p in projections])
+    return weight, _cast(torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features)
+                                    for p in projections]), cast_to)
+
+
+def _cast(t: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:
+    """``t`` in ``dtype`` (a floating-point ``t`` only; None stays None, and so does ``dtype=None``)."""
+    if t is None or dtype is None or not t.is_floating_point():
+        return t
+    return t.detach().to(dtype)
+
+
+def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast computes products in on ``device`` (bf16 under :func:`rlbook.lm.autocast` on a GPU),
+    or None when autocast is off there."""
+    if not torch.is_autocast_enabled(device.type):
+        return None
+    return torch.get_autocast_dtype(device.type)
+
+
+def _rotary(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, float32: bool = True) -> torch.Tensor:
+    """The rotary embedding of ``qk`` (..., heads, d) with ``sin`` pre-signed (``-sin`` on the first half): then
+    ``rotate_half(qk) * sin`` of :func:`_rotated_qkv` is ``qk.roll(d / 2) * sin``. In float32 one ``addcmul``;
+    otherwise a product and a sum, each rounded as the learner's ``q * cos + rotate_half(q) * sin``."""
+    rolled = qk.roll(qk.shape[-1] // 2, dims=-1)
+    if float32:
+        return torch.addcmul(qk * cos, rolled, sin)
+    return qk * cos + rolled * sin
 
 
 def _rms_norm(module, x: torch.Tensor) -> torch.Tensor:
@@ -252,19 +305,24 @@ def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     return _packed_hidden_states(model, input_ids, attention_mask, position_ids, wanted)
 
 
-def _attend_cached(scaling: float, q, keys, values, bias):
+def _attend_cached(scaling: float, q, keys, values, bias, float32: bool = True):
     """Attention for cached decoding: queries (B, heads, L, d) over the cache's keys, transposed (B, kv_heads, d,
     S), and values (B, kv_heads, S, d); ``bias`` (B * kv_heads, groups * L, S) holds 0 where visible and the
     dtype's minimum elsewhere.
 
     Grouped-query attention without repeating the cache: the query heads that share a key/value head are stacked
     as more query rows, so each product is one matrix per key/value head, and a decode step (L = 1) multiplies
-    ``groups`` rows at a time. Scaling and mask go into the product itself (``baddbmm``)."""
+    ``groups`` rows at a time. In float32 scaling and mask go into the product itself (``baddbmm``); otherwise
+    (``float32=False``: autocast, bf16 weights) the product is rounded first and then scaled, as :func:`_attend`
+    does, so that the sampler's scores round as the learner's."""
     B, H, L, d = q.shape
     kv_heads, S = keys.shape[1], keys.shape[3]
     groups = H // kv_heads
-    scores = torch.baddbmm(bias, q.reshape(B * kv_heads, groups * L, d), keys.reshape(B * kv_heads, d, S),
-                           alpha=scaling)
+    q, keys = q.reshape(B * kv_heads, groups * L, d), keys.reshape(B * kv_heads, d, S)
+    if float32:
+        scores = torch.baddbmm(bias, q, keys, alpha=scaling)
+    else:
+        scores = torch.bmm(q, keys).mul_(scaling).add_(bias)
     probs = _softmax(scores).to(q.dtype)
     return torch.bmm(probs, values.reshape(B * kv_heads, S, d)).view(B, H, L, d)
 
@@ -315,7 +373,7 @@ def _rotated_qkv(layer, x, cos, sin, fused: _FusedLayer | None = None):
     if fused is not None:
         qkv = F.linear(h, fused.qkv_weight, fused.qkv_bias).unflatten(-1, (-1, attn.head_dim))
         qk = qkv[..., : fused.num_qk_heads, :]  # here `sin` is signed for the roll (see Decoder.prefill)
-        qk = torch.addcmul(qk * cos, qk.roll(attn.head_dim // 2, dims=-1), sin)
+        qk = _rotary(qk, cos, sin, fused.float32)
         return qk[..., : fused.num_heads, :], qk[..., fused.num_heads :, :], qkv[..., fused.num_qk_heads :, :]
     q, k, v = (F.linear(h, proj.weight, proj.bias).unflatten(-1, (-1, attn.head_dim))
                for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
@@ -325,7 +383,10 @@ def _rotated_qkv(layer, x, cos, sin, fused: _FusedLayer | None = None):
 def _attention_output_and_mlp(layer, x, attention_out, fused: _FusedLayer | None = None):
     """The rest of a decoder layer: the residual of the attention's output projection, then of the MLP."""
     attn = layer.self_attn
-    x = x + F.linear(attention_out, attn.o_proj.weight, attn.o_proj.bias)
+    if fused is None:
+        x = x + F.linear(attention_out, attn.o_proj.weight, attn.o_proj.bias)
+    else:  # the same weights, cast once under autocast
+        x = x + F.linear(attention_out, fused.o_weight_t.t(), fused.o_bias)
     return x + _mlp(layer, x, fused)
 
 
@@ -334,9 +395,9 @@ def _mlp(layer, x, fused: _FusedLayer | None = None):
     h = _rms_norm(layer.post_attention_layernorm, x)
     if fused is not None:
         gate, up = F.linear(h, fused.gate_up_weight, fused.gate_up_bias).chunk(2, dim=-1)
-    else:
-        gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
-        up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
+        return F.linear(F.silu(gate) * up, fused.down_weight_t.t(), fused.down_bias)
+    gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
+    up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
     return F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
 
 

@@ -98,7 +98,7 @@ def build_model(
     fields of the size (``num_hidden_layers=1``) or are passed on to the config (``attn_implementation="eager"``).
     The model is returned in eval mode (no dropout either way: these configs have none), on ``device``: the CPU
     unless asked otherwise, so that a chapter gives the same numbers everywhere (CUDA draws other random numbers;
-    and a model this small is no faster on a GPU, see bench/rollout_bench.py).
+    and a model this small is unlikely to be faster on a GPU: not measured, no GPU has run this code).
     """
     if isinstance(size, str):
         if size not in MODEL_SIZES:

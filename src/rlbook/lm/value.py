@@ -19,6 +19,7 @@ Initialisation (choose with ``init``):
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForTokenClassification, PreTrainedModel
 
 from rlbook.lm.device import resolve_device
@@ -66,10 +67,26 @@ def token_values(
     """V at each completion token, (B, T) float32, 0 where ``completion_mask`` is 0.
 
     The value of token t is read at the position *before* it, the state from which o_t is chosen: the same
-    columns as :func:`rlbook.rollout.sequence_logprobs` reads its logits from (``L − T − 1 .. L − 2``).
+    columns as :func:`rlbook.rollout.sequence_logprobs` reads its logits from (``L − T − 1 .. L − 2``). The head
+    runs in float32 also under autocast (:func:`float32_head`); the inputs move to the model's device.
     """
+    device = resolve_device(None, value_model)
+    input_ids, attention_mask, completion_mask = (t.to(device) for t in (input_ids, attention_mask, completion_mask))
     (B, L), T = input_ids.shape, completion_mask.shape[1]
     position_ids = position_ids_from_mask(attention_mask)
-    scores = value_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-    values = scores[:, L - T - 1 : L - 1, 0].float()
+    hidden = value_model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                    position_ids=position_ids).last_hidden_state  # (B, L, H)
+    values = float32_head(value_model.score, hidden)[:, L - T - 1 : L - 1, 0]  # (B, T)
     return values * completion_mask.to(values.dtype)
+
+
+def float32_head(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+    """``head(hidden)`` computed in float32, also under autocast and for 16-bit weights (gradients flow as usual).
+
+    A scalar head (H -> 1) costs nothing next to the transformer body, and bf16 would round every value or reward
+    to about 3 significant digits, while what the algorithms use are their small differences (a TD error, a
+    reward margin). What the head reads, the body's last hidden state, is float32 already (the final RMSNorm
+    computes in float32). In float32 this is ``head(hidden)`` exactly."""
+    bias = None if head.bias is None else head.bias.float()
+    with torch.autocast(hidden.device.type, enabled=False):
+        return F.linear(hidden.float(), head.weight.float(), bias)
