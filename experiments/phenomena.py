@@ -1,10 +1,12 @@
 """What each algorithm is for, measured: one entry per (chapter, phenomenon) from the organisms' stored results.
 
-Reads ``experiments/results/organism_<name>.json`` (written by ``experiments/organisms.py``) and writes
+Reads ``experiments/results/organism_<name>.json`` (written by ``experiments/organisms.py``; until an organism's
+confirmatory run is made, its earlier exploratory file in ``experiments/results/exploratory/``) and writes
 ``experiments/results/phenomena.json``: for each entry the failure under the baseline from the first held-out
 evaluation to the last (the gate: mean and 95 % t-interval over seeds, and whether it excludes 0 in the failure's
 direction), the fix minus the baseline at the end over paired seeds, and the plan each results file was run under
-with what ``make check-plans`` says of it (verified, or why not). The family chapter renders it as a table;
+with what ``make check-plans`` says of it (verified, or why not: "no plan" for an exploratory file); entries whose
+fix arm first runs under the plan are listed as pending. The family chapter renders it as a table;
 ``tests/test_organisms.py`` recomputes every entry from the stored results.
 
     python experiments/phenomena.py
@@ -93,11 +95,21 @@ PHENOMENA = [
 ]
 
 
+def results_file(name: str, results: Path = RESULTS, stem: str | None = None) -> Path:
+    """Where organism ``name``'s results are stored: the confirmatory file in ``results`` (run under its plan), or,
+    until that run is made, the earlier exploratory file in ``results/exploratory``."""
+    file = f"{stem or f'organism_{name}'}.json"
+    for folder in (results, results / "exploratory"):
+        if (folder / file).exists():
+            return folder / file
+    return results / file
+
+
 def organism_results(name: str, results: Path = RESULTS, stem: str | None = None,
                      script: str = "experiments/organisms.py") -> dict:
     """The stored results of organism ``name``: ``organism_<name>.json``, or ``<stem>.json`` for an experiment of its
     own script that stores the same layout (an ``organism`` record and ``runs`` with held-out ``evals``)."""
-    path = results / f"{stem or f'organism_{name}'}.json"
+    path = results_file(name, results, stem)
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: run python {script}" + (f" {name}" if stem is None else ""))
     result = json.loads(path.read_text())
@@ -113,26 +125,35 @@ def plan_status(path: Path) -> dict:
     return {"path": record.get("path"), "status": verify(path).status}
 
 
-def entries(results: Path = RESULTS, *, with_plans: bool = True) -> list[dict]:
+def entries(results: Path = RESULTS, *, with_plans: bool = True) -> tuple[list[dict], list[dict]]:
     """Every entry of :data:`PHENOMENA` computed from the stored organism results in ``results``, each with the
-    results file it read and (``with_plans``) its plan's status."""
-    out = []
+    results file it read and (``with_plans``) its plan's status; and the entries that cannot be computed yet, because
+    the stored (exploratory) results lack an arm that first runs under the plan, each with the reason."""
+    out, pending = [], []
     for spec in PHENOMENA:
         spec = dict(spec)
         name, stem = spec.pop("organism"), spec.pop("results", None)
         script = spec.pop("script", "experiments/organisms.py")
         result = organism_results(name, results, stem, script)
+        path = results_file(name, results, stem)
+        where = f"experiments/results/{path.relative_to(results).as_posix()}"
+        missing = [spec[k] for k in ("fix", "control") if k in spec and spec[k] not in result["runs"]]
+        if missing:
+            pending.append({"chapter": spec["chapter"], "phenomenon": spec["phenomenon"], "organism": name,
+                            "fix": spec["fix"], "results": where, "plan": f"experiments/plans/{name}.md",
+                            "reason": f"{where} has no arm {', '.join(missing)}: it first runs under the plan"})
+            continue
         entry = phenomenon(result, **spec, script=script)
-        path = results / f"{stem or f'organism_{name}'}.json"
-        entry["results"] = f"experiments/results/{path.name}"
+        entry["results"] = where
         if with_plans:
             entry["plan"] = plan_status(path)
         out.append(entry)
-    return out
+    return out, pending
 
 
 def main():
-    table = {"description": __doc__.splitlines()[0], "entries": entries()}
+    computed, pending = entries()
+    table = {"description": __doc__.splitlines()[0], "entries": computed, "pending": pending}
     OUT.write_text(json.dumps(table, indent=1) + "\n")
     for e in table["entries"]:
         mean, low, high = e["baseline_change"] if e["baseline_level"] is None else e["baseline_level"]
@@ -142,6 +163,8 @@ def main():
               f"gate {'holds' if e['gate_holds'] else 'fails'}; {e['fix']} - baseline {e['fix_metric']} "
               f"{diff:+.4g} [{dlow:+.4g}, {dhigh:+.4g}] at equal {e['compared_at']} ({e['fix_direction']} is better); "
               f"plan {e['plan']['path']}: {e['plan']['status']}")
+    for e in pending:
+        print(f"{e['chapter']:<12} pending: {e['reason']}")
     print(f"wrote {OUT}")
 
 
