@@ -12,6 +12,9 @@ network port). For each page it checks that
 * no MyST role ({eq}, {numref}, {ref}, {term}, {doc}, {glue:...}, {cite:...}, any {name}`...`) and no TeX
   control word (\frac, \rVert, any \word) is left as text on the page outside code; inside rendered math, no
   role in a formula's TeX and no control word or escape drawn as text (\text{log\_p} shows its backslash);
+* no Markdown table is left as text outside code: no line of a paragraph (or any block of page text) is a
+  table row (`| preset | options |`) or holds a separator cell (`|---|`), as a generated table that was not
+  parsed shows (inside a real table's cell only a separator cell counts);
 * every image loaded (naturalWidth > 0) and has a caption or alt text that is not a file hash;
 * every internal link resolves: no link to a missing local file, no dangling `#id`;
 * no JavaScript error reached the console, and no request left the machine (only file:, data:, blob: and
@@ -329,6 +332,42 @@ JS_DESKTOP = r"""
     if (words.length && out.texWords.length < 10)
       out.texWords.push({words: Array.from(new Set(words.map(m => m[0]))).slice(0, 6),
                          context: n.data.slice(Math.max(0, words[0].index - 20), words[0].index + 80).replace(/\s+/g, ' ').trim()});
+  }
+  // A Markdown table that was not parsed shows as paragraphs of text: lines such as "| preset | options |" and
+  // "|---|---|". Each block of page text (a paragraph, a list item, a cell: the nearest ancestor that is not
+  // laid out inline) is read line by line, its inline code and formulas standing in as one character each (a
+  // row may hold them) and code blocks, <br> and nested blocks breaking the line; the first line that is a
+  // row (starts and ends with "|", so at least two) or holds a separator cell ("|---|", "| :--: |") is reported.
+  const MD_ROW = /^\s*\|.*\|\s*$/, MD_SEP = /\|\s*:?-{3,}:?\s*\|/;
+  const SKIPPED = 'script, style, noscript, template, textarea';
+  const CODE_BLOCK = 'pre, .highlight, div.math, mjx-container[display="true"]';
+  const INLINE_ATOM = 'code, kbd, samp, tt, mjx-container, .math';
+  const isInline = el => /^inline|^contents$/.test(getComputedStyle(el).display);
+  const blockText = block => {
+    let s = '';
+    for (const c of block.childNodes) {
+      if (c.nodeType === 3) { s += c.data; continue; }
+      if (c.nodeType !== 1 || c.matches(SKIPPED)) continue;
+      if (c.matches(CODE_BLOCK) || c.tagName === 'BR' || !isInline(c)) s += '\n';
+      else if (c.matches(INLINE_ATOM)) s += '\u00b7';
+      else s += blockText(c);
+    }
+    return s;
+  };
+  out.markdownTables = [];
+  const seenBlocks = new Set();
+  const pipeWalker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = pipeWalker.nextNode(); n && out.markdownTables.length < 5; n = pipeWalker.nextNode()) {
+    if (!n.data.includes('|') || !n.parentElement || n.parentElement.closest(NOT_TEXT + ', .math'))
+      continue;
+    let block = n.parentElement;
+    while (block.parentElement && block !== document.body && isInline(block)) block = block.parentElement;
+    if (seenBlocks.has(block)) continue;
+    seenBlocks.add(block);
+    // in a real table's cell, "|x|" is the cell's content: only a separator cell counts there
+    const inCell = !!block.closest('td, th');
+    const line = blockText(block).split('\n').find(l => MD_SEP.test(l) || (!inCell && MD_ROW.test(l)));
+    if (line !== undefined) out.markdownTables.push(line.replace(/\s+/g, ' ').trim().slice(0, 120));
   }
   out.mathRoles = []; out.mathTexWords = [];
   if (mj && mj.startup && mj.startup.document) {
@@ -760,6 +799,8 @@ class Checker:
             result.faults.append(f"raw TeX left on the page: {raw!r}")
         for raw in d["rawRoles"]:
             result.faults.append(f"MyST role left as text on the page: {raw!r}")
+        for line in d["markdownTables"]:
+            result.faults.append(f"Markdown table left as text on the page (not parsed): {line!r}")
         for t in d["texWords"]:
             result.faults.append(f"TeX left as text on the page ({' '.join(t['words'])}): {t['context']!r}")
         for tex in d["mathRoles"]:

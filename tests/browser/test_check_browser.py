@@ -107,6 +107,23 @@ to <a href="#top">the top</a> and to <a href="https://example.org/paper">a paper
     "stray_comma.html": """<p style="width: 102px">Words <span class="math" style="display: inline-block; width: 100px">x</span>, more.</p>""",
     # code too small to read, in a column too narrow for 100 characters
     "narrow_code.html": """<div style="width: 500px"><div class="highlight"><pre style="font-size: 12px">x = 1</pre></div></div>""",
+    # a generated Markdown table that was not parsed: its lines shown as a paragraph of text (inline code and a
+    # formula in a row, as the inline markup is still parsed), and a second one glued into a line of prose
+    "markdown_table.html": """<p>The presets:</p>
+<p>| preset | options |
+|---|---|
+| <code>grpo</code> | <span class="math">\\(\\beta = 0\\)</span> |</p>""",
+    "markdown_table_inline.html": """<p>Settings: | arm | lr | | :--- | ---: | | grpo | 1e-3 |</p>""",
+    # pipes that are not an unparsed Markdown table: a real table (cells holding pipes), the same Markdown in
+    # a code block and in inline code, a rendered formula with absolute values, and pipes in prose
+    "pipes_not_tables.html": """<table><thead><tr><th>preset</th><th>options</th></tr></thead>
+<tbody><tr><td><code>grpo</code></td><td>|x|</td></tr><tr><td>a | b</td><td>| c |</td></tr></tbody></table>
+<div class="highlight"><pre style="font-size: 14px">| preset | options |
+|---|---|
+| grpo   | beta=0  |</pre></div>
+<p>Write <code>|---|---|</code> under the header, or <code>| a | b |</code>.</p>
+<p><span class="math">\\(|o_i| + |o_j|\\)</span> tokens</p>
+<p>A shell pipe, a | b, and the length |o| of a completion.</p>""",
 }
 
 
@@ -200,6 +217,17 @@ def test_clean_pages_pass(results):
 
 
 @needs_browser
+def test_real_tables_code_and_formulas_with_pipes_are_not_markdown_tables(results):
+    assert results[0]["pipes_not_tables.html"].faults == [], results[0]["pipes_not_tables.html"].faults
+
+
+@needs_browser
+def test_an_unparsed_markdown_table_is_reported_once_with_its_first_line(results):
+    found = [f for f in results[0]["markdown_table.html"].faults if f.startswith("Markdown table")]
+    assert found == ["Markdown table left as text on the page (not parsed): '| preset | options |'"], found
+
+
+@needs_browser
 def test_clean_page_reports_its_code_column(results):
     notes = "\n".join(results[0]["clean.html"].notes)
     assert "code column at 1280 px:" in notes and "14-px font" in notes, notes
@@ -254,6 +282,8 @@ def test_cjk_text_is_checked_for_a_real_font(results):
     ("stray_comma.html", "starts a new line"),
     ("narrow_code.html", "at 1280 px: code is drawn at 12 px"),
     ("narrow_code.html", "characters a line: 100 must fit"),
+    ("markdown_table.html", "Markdown table left as text on the page (not parsed): '| preset | options |'"),
+    ("markdown_table_inline.html", "Markdown table left as text on the page (not parsed): 'Settings: | arm | lr |"),
 ])
 def test_planted_fault_is_reported(results, page, expected):
     assert expected in faults(results, page), faults(results, page)
