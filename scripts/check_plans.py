@@ -7,8 +7,8 @@ run's tree was clean, and that the plan at HEAD begins with the recorded bytes (
 file: verified, not verifiable (and why), no plan (a pilot or exploratory run), or skipped (a shallow clone).
 
 Exits 1 when a file with a plan record is not verifiable, or when a results file that the family table presents
-as confirmatory (``experiments/results/phenomena.json``) is not verified. A shallow clone cannot show the history:
-every check is then skipped, said so, and the exit is 0.
+as confirmatory (``experiments/results/phenomena.json``, outside ``exploratory/``) is not verified. A shallow clone
+cannot show the history: every check is then skipped, said so, and the exit is 0.
 
     python scripts/check_plans.py [--root .]
 """
@@ -24,11 +24,14 @@ from rlbook.plans import repository_root, verify
 
 
 def confirmatory_files(root: Path) -> set[str]:
-    """The results files the family table presents as confirmatory (each phenomena.json entry's ``results``)."""
+    """The results files the family table presents as confirmatory (each phenomena.json entry's ``results``, but for
+    those in ``experiments/results/exploratory/``, which the table labels exploratory: their organisms' confirmatory
+    runs are not made yet)."""
     table = root / "experiments" / "results" / "phenomena.json"
     if not table.exists():
         return set()
-    return {e["results"] for e in json.loads(table.read_text())["entries"] if "results" in e}
+    return {e["results"] for e in json.loads(table.read_text())["entries"]
+            if "results" in e and not e["results"].startswith("experiments/results/exploratory/")}
 
 
 def main(argv=None) -> int:
