@@ -5,8 +5,8 @@
    a paragraph whose `$` math does not close, a control character, and MyST roles with a broken form.
 2. Visible code fits the column: every line of a visible code cell of notebooks/**/*.ipynb and of its shown
    text output, and every line of package code the book shows with `literalinclude`, is at most 100 characters.
-3. Results first: every chapter opens with its "At a glance" box, and every experiment figure is followed by a
-   results table and a `**Finding.**` line.
+3. Results first: every chapter opens with its "At a glance" box, of at most 120 words, and every experiment
+   figure is followed by a results table and a `**Finding.**` line.
 
 Each check is a pure function of the text, so the planted-fault tests below feed it small strings with one
 fault each; the real chapters must pass with no finding. Run `python tests/test_book_text.py` to print every
@@ -644,6 +644,53 @@ def test_at_a_glance_rule_catches_planted_faults():
     assert glance_fault("# T\n\nText.\n\n## One\n", "g")
 
 
+GLANCE_MAX_WORDS = 120
+# a glued value shows as one word; a cross-reference as its visible text (the text before <label>, or the label)
+GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`[^`]*`")
+REF_ROLE = re.compile(r"\{(?:ref|numref|term|doc)\}`([^`]*)`")
+
+
+def glance_words(text: str) -> tuple[int, int] | None:
+    """(line number, word count) of a chapter's At a glance box, or None without one: the box's text without its
+    options (`:class:`), as whitespace-separated tokens, each glued value one word and each cross-reference the
+    words of its visible text."""
+    lines = text.split("\n")
+    for j, line in enumerate(lines):
+        m = GLANCE.match(line)
+        if not m:
+            continue
+        fence, body = m.group(1), []
+        k = j + 1
+        while k < len(lines) and OPTION.match(lines[k]):
+            k += 1
+        while k < len(lines) and not (lines[k].strip().startswith(fence[0] * len(fence))
+                                      and set(lines[k].strip()) == {fence[0]}):
+            body.append(lines[k])
+            k += 1
+        box = GLUE_ROLE.sub("W", "\n".join(body))
+        box = REF_ROLE.sub(lambda r: re.sub(r"\s*<[^<>]*>$", "", r.group(1)), box)
+        return j + 1, len(box.split())
+    return None
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=rel)
+def test_at_a_glance_is_at_most_120_words(path):
+    found = glance_words(path.read_text(encoding="utf-8"))
+    if found and found[1] > GLANCE_MAX_WORDS:
+        pytest.fail(f"{rel(path)}:{found[0]}: the At a glance box has {found[1]} words (at most "
+                    f"{GLANCE_MAX_WORDS}: the idea in a sentence or two and the headline result)", pytrace=False)
+
+
+def test_glance_word_count_catches_planted_faults():
+    box = ":::{{admonition}} At a glance\n:class: at-a-glance\n{}\n:::\n\n## One\n"
+    assert glance_words("# T\n\n" + box.format("**Idea.** one two three.")) == (3, 4)
+    assert glance_words("# T\n\n## One\n") is None
+    glued = "rose by {glue:text}`x_gain:+.3f` [{glue:text}`x_lo:+.3f`, {glue:text}`x_hi:+.3f`] ({numref}`fig-x`)"
+    assert glance_words(box.format(glued)) == (1, 6), "a glued value or a bare label is one word"
+    assert glance_words(box.format("see {ref}`the plan for it <plan-x>`.")) == (1, 5), "a reference's visible text"
+    assert glance_words(box.format(" ".join(["word"] * (GLANCE_MAX_WORDS + 1))))[1] > GLANCE_MAX_WORDS
+
+
 # A figure shows an experiment when the code that makes it reads stored results or trains: the statements its
 # cell runs, and, back through the names they use, the earlier statements that assigned those names.
 EXPERIMENT = re.compile(r"\bload_results\(|\bjson\.loads?\(|results/|\bRESULTS\b|experiment_results_dir\(|"
@@ -816,6 +863,9 @@ if __name__ == "__main__":  # every finding at once: python tests/test_book_text
         fault = glance_fault(text, rel(path))
         if fault:
             print(fault)
+        found = glance_words(text)
+        if found and found[1] > GLANCE_MAX_WORDS:
+            print(f"{rel(path)}:{found[0]}: the At a glance box has {found[1]} words")
         faults, experiments = figure_faults(text, rel(path))
         print(f"{rel(path)}: experiment figures: {', '.join(experiments) or 'none'}")
         for fault in faults:
