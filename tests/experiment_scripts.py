@@ -25,7 +25,14 @@ def load_stored(name):
 # Config fields added after a stored run was made, with the value that reproduces the behaviour of the runs made
 # before them. A stored config may lack such a field when it holds this value; any other difference is a stale
 # result (run the script again).
-CONFIG_FIELDS_ADDED = {"nonfinite_rewards": "raise"}  # issue 23; the stored runs had no non-finite reward
+CONFIG_FIELDS_ADDED = {
+    "nonfinite_rewards": "raise",  # issue 23; the stored runs had no non-finite reward
+    # TRL 1.16's variants ("After the study note"), each off (or unused) at these values
+    "delta": None, "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05,
+    "vllm_importance_sampling_correction": False, "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0,
+    "off_policy_mask_threshold": None,
+}
 
 
 # Provenance and run-record keys added after stored runs were made (issue 40: when a run started, a confirmatory

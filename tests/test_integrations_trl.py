@@ -293,3 +293,33 @@ def test_the_chapter_shows_exactly_the_tested_trl_code():
     shown = ["".join(out["data"]["text/markdown"]) for cell in nb["cells"] if cell["cell_type"] == "code"
              for out in cell.get("outputs", []) if "text/markdown" in out.get("data", {})]
     assert engine_markdown() in shown, "the chapter's engine commands are not engine_markdown(): rerun the chapter"
+
+
+def test_trls_variants_map_under_their_own_names(tmp_path):
+    """CISPO, SAPO, delta, the sampler correction and the off-policy mask are TRL 1.16's: the bridge hands them to
+    GRPOConfig under the same names (and leaves them out where unset, so the presets' configs are unchanged)."""
+    cases = {
+        "cispo": dict(loss_type="cispo", epsilon_high=5.0),
+        "sapo": dict(loss_type="sapo", sapo_temperature_pos=0.9, sapo_temperature_neg=1.2),
+        "delta": dict(delta=4.0),
+        "correction": dict(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_mask",
+                           vllm_importance_sampling_clip_min=0.5, vllm_importance_sampling_clip_max=5.0,
+                           off_policy_mask_threshold=0.5),
+    }
+    for name, overrides in cases.items():
+        c = preset("trl_grpo", **overrides)
+        assert not unsupported(c), name
+        args = grpo_config(c, output_dir=str(tmp_path), **TRL_OFFLINE)
+        for key, value in overrides.items():
+            assert getattr(args, key) == value, (name, key)
+        unmapped = {"cispo": [], "sapo": [], "delta": ["delta"],
+                    "correction": ["vllm_importance_sampling_correction", "off_policy_mask_threshold"]}[name]
+        for engine in ("verl", "OpenRLHF"):  # not mapped there: blocked (a loss) or named as missing (a setting)
+            run = engine_runs(c)[engine]
+            if name in ("cispo", "sapo"):
+                assert run.blocked == (f"loss_type={name!r}", "the book maps this loss to TRL only, not to this "
+                                       "engine's options") and run.command is None
+            else:
+                assert not run.blocked and all(k in run.missing for k in unmapped), (engine, run.missing)
+    assert "delta" not in engine_runs("grpo")["TRL"].options and "sapo_temperature_pos" not in \
+        engine_runs("grpo")["TRL"].options

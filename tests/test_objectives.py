@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlbook.objectives import (
+    cispo_surrogate,
     gae,
     kl_estimate,
     lambda_grpo_softmax,
@@ -13,7 +14,10 @@ from rlbook.objectives import (
     masked_mean,
     masked_sum,
     masked_whiten,
+    off_policy_sequence_mask,
     policy_loss,
+    sampler_importance_weights,
+    sapo_surrogate,
     value_loss,
 )
 
@@ -696,3 +700,269 @@ def test_positive_example_nll_is_the_token_mean_nll_of_the_correct_completions_o
     assert positive_example_nll(logp, loss_mask, torch.zeros(3, dtype=torch.bool)) is None
     with pytest.raises(ValueError, match="one entry per row"):
         positive_example_nll(logp, loss_mask, correct[:2])
+
+
+# --- after the study note: TRL 1.16's variants (CISPO, SAPO, delta, the sampler corrections) -----------------
+
+
+def test_cispo_keeps_every_tokens_gradient_with_a_capped_stopped_weight():
+    """ρ = 0.5, 1, 3, 8 with the cap 5: weights 0.5, 1, 3, 5; ∂ℓ/∂logp = −w·A / N at every token, the capped
+    one included, where PPO-Clip's gradient is 0 (A > 0, ρ > 1 + ε_high)."""
+    ratios = torch.tensor([0.5, 1.0, 3.0, 8.0], dtype=torch.float64)
+    advantages = torch.tensor([[1.0, -1.0, 2.0, 1.0]], dtype=torch.float64)
+    old_logp = torch.tensor([[-1.0, -2.0, -3.0, -4.0]], dtype=torch.float64)
+    logp = (old_logp + ratios.log()).requires_grad_()
+    loss, metrics = policy_loss(logp, old_logp, advantages, torch.ones(1, 4), loss_type="cispo", epsilon_high=5.0)
+    weights = torch.tensor([0.5, 1.0, 3.0, 5.0], dtype=torch.float64)
+    assert loss.item() == pytest.approx((-(weights * advantages[0] * logp[0].detach())).sum().item() / 4, rel=1e-12)
+    loss.backward()
+    torch.testing.assert_close(logp.grad[0], -weights * advantages[0] / 4, rtol=1e-12, atol=0)
+    assert metrics["cispo_clip_ratio"] == pytest.approx(1 / 4)  # ρ = 8 > 5 with A > 0
+    assert metrics["clip_ratio/region_mean"] == 0.0  # no gradient removed
+    clipped = logp.detach().clone().requires_grad_()
+    policy_loss(clipped, old_logp, advantages, torch.ones(1, 4), loss_type="dapo")[0].backward()
+    assert clipped.grad[0, 3] == 0 and logp.grad[0, 3] != 0
+
+
+def cispo_loop(logp, old_logp, advantages, mask, cap):
+    total, count = 0.0, 0
+    for i in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            if mask[i, t]:
+                w = min(math.exp(logp[i, t] - old_logp[i, t]), cap)
+                total += -w * float(advantages[i, t]) * float(logp[i, t])
+                count += 1
+    return total / count
+
+
+def test_cispo_equals_the_plain_loop_and_its_lower_bound_clips_from_below():
+    logp, old_logp, advantages, _, mask = random_batch(seed=11)
+    loss, _ = policy_loss(logp, old_logp, advantages, mask, loss_type="cispo", epsilon_high=1.5)
+    assert loss.item() == pytest.approx(cispo_loop(logp, old_logp, advantages, mask, 1.5), rel=1e-12)
+    # MiniMax-M1's range [1 − ε_low, 1 + ε_high]: cispo_surrogate takes both bounds of the weight
+    ratio = torch.tensor([[0.5, 1.0, 2.0]], dtype=torch.float64)
+    ell, low, high = cispo_surrogate(ratio, torch.ones(1, 3, dtype=torch.float64),
+                                     torch.ones(1, 3, dtype=torch.float64), max_weight=1.28, min_weight=0.8)
+    torch.testing.assert_close(ell, -torch.tensor([[0.8, 1.0, 1.28]], dtype=torch.float64))
+    assert low.tolist() == [[True, False, False]] and high.tolist() == [[False, False, True]]
+
+
+def sapo_loop(ratio, advantages, tau_pos, tau_neg):
+    out = torch.zeros_like(ratio)
+    for i in range(ratio.shape[0]):
+        for t in range(ratio.shape[1]):
+            a, r = float(advantages[i, t]), float(ratio[i, t])
+            tau = tau_pos if a > 0 else tau_neg
+            out[i, t] = -4 / tau / (1 + math.exp(-tau * (r - 1))) * a
+    return out
+
+
+@pytest.mark.parametrize("tau_pos, tau_neg", [(1.0, 1.05), (0.5, 4.0)])
+def test_sapo_equals_the_plain_loop(tau_pos, tau_neg):
+    logp, old_logp, advantages, _, mask = random_batch(seed=12)
+    ell = sapo_loop(torch.exp(logp - old_logp), advantages, tau_pos, tau_neg) * mask
+    expected = (ell.sum(-1) / mask.sum(-1)).mean()  # aggregated like "grpo", as TRL does
+    loss, metrics = policy_loss(logp, old_logp, advantages, mask, loss_type="sapo", sapo_temperature_pos=tau_pos,
+                                sapo_temperature_neg=tau_neg, gradient_accumulation_steps=2)
+    assert loss.item() == pytest.approx(expected.item() / 2, rel=1e-12)
+    assert metrics["clip_ratio/region_mean"] == 0.0
+
+
+def test_sapos_gate_has_ppos_gradient_on_policy_and_decays_smoothly_off_policy():
+    logp, _, advantages, _, mask = random_batch(seed=13)
+    grads = {}
+    for loss_type in ("sapo", "grpo"):
+        params = logp.clone().requires_grad_()
+        policy_loss(params, logp, advantages, mask, loss_type=loss_type)[0].backward()
+        grads[loss_type] = params.grad
+    torch.testing.assert_close(grads["sapo"], grads["grpo"], rtol=1e-12, atol=1e-15)  # ρ = 1: the gate's slope is 1
+    # the gate's slope 4σ(1 − σ) = sech²(τ(ρ − 1)/2): 1 at ρ = 1, symmetric, decreasing, never exactly 0
+    ratio = torch.tensor([[0.2, 0.6, 1.0, 1.4, 1.8, 10.0]], dtype=torch.float64, requires_grad=True)
+    sapo_surrogate(ratio, -torch.ones(1, 6, dtype=torch.float64), 1.0, 2.0).sum().backward()
+    slope = ratio.grad[0]
+    torch.testing.assert_close(slope, 1 / torch.cosh(2.0 * (ratio.detach()[0] - 1) / 2) ** 2)
+    assert slope[2] == 1.0 and slope[1] == pytest.approx(slope[3].item()) and bool((slope > 0).all())
+    assert slope[0] < slope[1] < slope[2] > slope[3] > slope[4] > slope[5]
+
+
+def test_delta_caps_a_negative_advantages_ratio_and_stops_its_gradient():
+    """A = −1, ρ = 0.5, 1.1, 3, 5, δ = 4: ℓ = |A|·max(min(ρ, δ), clip(ρ)) = 0.8, 1.1, 3, 4; gradient 0 at
+    ρ = 0.5 (the usual clip) and at ρ = 5 (δ), where plain PPO-Clip still pushes with ρ."""
+    ratios = torch.tensor([0.5, 1.1, 3.0, 5.0], dtype=torch.float64)
+    old_logp = torch.full((1, 4), -1.0, dtype=torch.float64)
+    logp = (old_logp + ratios.log()).requires_grad_()
+    advantages = -torch.ones(1, 4, dtype=torch.float64)
+    loss, metrics = policy_loss(logp, old_logp, advantages, torch.ones(1, 4), loss_type="dapo", delta=4.0)
+    assert loss.item() == pytest.approx((0.8 + 1.1 + 3.0 + 4.0) / 4, rel=1e-12)
+    loss.backward()
+    assert (logp.grad[0] == 0).tolist() == [True, False, False, True]
+    assert metrics["clip_ratio/delta_mean"] == pytest.approx(1 / 4) and metrics["clip_ratio/low_mean"] == 0.25
+    # A > 0 is untouched by δ > 1 + ε_high
+    plain, _ = policy_loss(logp, old_logp, -advantages, torch.ones(1, 4), loss_type="dapo")
+    capped, _ = policy_loss(logp, old_logp, -advantages, torch.ones(1, 4), loss_type="dapo", delta=4.0)
+    assert capped.item() == plain.item()
+
+
+def test_delta_equals_the_plain_loop():
+    logp, old_logp, advantages, ref_logp, mask = random_batch(seed=14)
+    old_logp = logp + torch.randn(logp.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 1.5
+    delta = 2.5
+    ell = torch.zeros_like(logp)
+    for i in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            r, a = math.exp(logp[i, t] - old_logp[i, t]), float(advantages[i, t])
+            ell[i, t] = -min(min(r, delta) * a, min(max(r, 0.8), 1.28) * a)
+    ell = ell * mask
+    loss, metrics = policy_loss(logp, old_logp, advantages, mask, epsilon_high=0.28, loss_type="grpo", delta=delta)
+    assert loss.item() == pytest.approx((ell.sum(-1) / mask.sum(-1)).mean().item(), rel=1e-12)
+    assert metrics["clip_ratio/delta_mean"] > 0, "the test batch must exercise delta"
+
+
+def test_sampler_importance_weights_by_hand():
+    """Token log-ratios log π_old/π_sampler = log 0.5, 0, log 4 (row 0) and log 1.25, 0, 0 (row 1, 1 token)."""
+    old_logp = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -2.0, -3.0]], dtype=torch.float64)
+    sampler_logp = old_logp - torch.tensor([[math.log(0.5), 0.0, math.log(4.0)], [math.log(1.25), 5.0, 5.0]],
+                                           dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    expected = {
+        ("token_truncate", 0.8, 3.0): [[0.8, 1.0, 3.0], [1.25, 0.0, 0.0]],
+        ("token_mask", 0.8, 3.0): [[0.0, 1.0, 0.0], [1.25, 0.0, 0.0]],
+        ("token_truncate", None, 3.0): [[0.5, 1.0, 3.0], [1.25, 0.0, 0.0]],
+        ("sequence_truncate", None, 1.5): [[1.5, 1.5, 1.5], [1.25, 0.0, 0.0]],  # row 0: 0.5 · 1 · 4 = 2
+        ("sequence_mask", 0.8, 1.5): [[0.0, 0.0, 0.0], [1.25, 0.0, 0.0]],
+        ("sequence_mask", None, 3.0): [[2.0, 2.0, 2.0], [1.25, 0.0, 0.0]],
+    }
+    for (mode, low, high), want in expected.items():
+        got = sampler_importance_weights(old_logp, sampler_logp, mask, mode, low, high)
+        torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-12,
+                                   msg=lambda m, mode=mode: f"{mode}: {m}")
+    # IcePop: token_mask with its band [α, β]; a token out of the band leaves the gradient, one inside keeps r_t
+    icepop = sampler_importance_weights(old_logp, sampler_logp, mask, "token_mask", clip_min=0.5, clip_max=2.0)
+    assert icepop[0].tolist() == pytest.approx([0.5, 1.0, 0.0])
+
+
+def sampler_weights_loop(old_logp, sampler_logp, mask, mode, low, high):
+    B, T = old_logp.shape
+    out = torch.zeros(B, T, dtype=torch.float64)
+    low = 0.0 if low is None else low
+    for i in range(B):
+        if mode.startswith("sequence"):
+            r = math.exp(sum(float(old_logp[i, t] - sampler_logp[i, t]) for t in range(T) if mask[i, t]))
+        for t in range(T):
+            if not mask[i, t]:
+                continue
+            if mode.startswith("token"):
+                r = math.exp(float(old_logp[i, t] - sampler_logp[i, t]))
+            out[i, t] = min(max(r, low), high) if mode.endswith("truncate") else (r if low <= r <= high else 0.0)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+@pytest.mark.parametrize("low, high", [(None, 3.0), (0.9, 1.1)])
+def test_sampler_importance_weights_equal_the_plain_loop(mode, low, high):
+    logp, _, _, _, mask = random_batch(seed=15)
+    sampler_logp = logp + 0.05 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(1),
+                                             dtype=torch.float64)
+    got = sampler_importance_weights(logp, sampler_logp, mask, mode, low, high)
+    torch.testing.assert_close(got, sampler_weights_loop(logp, sampler_logp, mask, mode, low, high),
+                               rtol=1e-12, atol=1e-12)
+    assert not got.requires_grad
+
+
+def test_the_sampler_weight_multiplies_the_surrogate_not_the_kl():
+    logp, old_logp, advantages, ref_logp, mask = random_batch(seed=16)
+    weights = torch.rand(logp.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 2
+    surrogate, _ = policy_loss(logp, old_logp, advantages * weights, mask, loss_type="dapo")  # ℓ is linear in A
+    kl, _ = policy_loss(logp, logp.detach(), torch.zeros(logp.shape[0], dtype=torch.float64), mask,
+                        loss_type="dapo", beta=0.04, ref_logp=ref_logp)
+    loss, _ = policy_loss(logp, old_logp, advantages, mask, loss_type="dapo", beta=0.04, ref_logp=ref_logp,
+                          importance_sampling_ratio=weights)
+    # ρ·(wA) and clip(ρ)·(wA) for w ≥ 0: the clip's min picks the same branch, so w·ℓ(A) = ℓ(wA)
+    assert loss.item() == pytest.approx(surrogate.item() + kl.item(), rel=1e-12)
+
+
+def test_off_policy_sequence_mask_drops_negative_advantage_completions_that_drifted():
+    """Row KL_i = mean(sampler_logp − logp): row 0 (A < 0, KL 0.5) is dropped at δ = 0.3; row 1 (A < 0,
+    KL 0.1) and row 2 (A > 0, KL 0.5) stay."""
+    logp = torch.zeros(3, 2, dtype=torch.float64)
+    sampler_logp = torch.tensor([[0.4, 0.6], [0.1, 0.1], [0.5, 0.5]], dtype=torch.float64)
+    advantages = torch.tensor([-1.0, -1.0, 1.0], dtype=torch.float64)
+    keep = off_policy_sequence_mask(logp, sampler_logp, advantages, torch.ones(3, 2), threshold=0.3)
+    assert keep.tolist() == [[False, False], [True, True], [True, True]]
+    old_logp = torch.log(torch.tensor([[0.5, 0.6], [0.7, 0.8], [0.9, 0.3]], dtype=torch.float64))
+    loss, metrics = policy_loss(logp, old_logp, advantages, torch.ones(3, 2), loss_type="grpo",
+                                off_policy_mask_threshold=0.3, sampler_logp=sampler_logp)
+    rows_kept, _ = policy_loss(logp[1:], old_logp[1:], advantages[1:], torch.ones(2, 2), loss_type="grpo")
+    assert loss.item() == pytest.approx(rows_kept.item() * 2 / 3, rel=1e-12)  # row 0 counts 0 in the mean over 3
+    assert metrics["off_policy_mask/masked_mean"] == pytest.approx(1 / 3)
+    # without sampler_logp the mask compares with old_logp (TRL without vLLM)
+    keep_old = off_policy_sequence_mask(logp, old_logp, advantages, torch.ones(3, 2), threshold=0.3)
+    _, metrics_old = policy_loss(logp, old_logp, advantages, torch.ones(3, 2), off_policy_mask_threshold=0.3)
+    assert metrics_old["off_policy_mask/masked_mean"] == pytest.approx(1 - keep_old.double().mean().item())
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(loss_type="cispo"), "loss_type='cispo' caps the importance weight at epsilon_high itself"),
+        (dict(loss_type="cispo", epsilon_high=1.0), "must exceed 1"),
+        (dict(loss_type="sapo", sapo_temperature_pos=0.0), "temperature_pos must be a positive"),
+        (dict(loss_type="sapo", sapo_temperature_neg=math.inf), "temperature_neg must be a positive"),
+        (dict(delta=1.1), r"delta must be a finite number above 1 \+ epsilon_high = 1.2"),
+        (dict(delta=math.nan), "delta must be a finite number"),
+        (dict(loss_type="sapo", delta=3.0), "delta is the two-sided clip of PPO-Clip's surrogate"),
+        (dict(loss_type="gmpo", epsilon=0.4, off_policy_mask_threshold=0.5), "GMPO's loss is per row"),
+        (dict(importance_sampling_ratio=torch.ones(2, 4)), "shape mismatch"),
+        (dict(importance_sampling_ratio=-torch.ones(2, 3)), "importance_sampling_ratio must be >= 0"),
+        (dict(importance_sampling_ratio=torch.full((2, 3), math.nan)), "importance_sampling_ratio is not finite"),
+        (dict(off_policy_mask_threshold=-0.1), "off_policy_mask_threshold must be None or a finite number >= 0"),
+        (dict(off_policy_mask_threshold=0.1, sampler_logp=torch.zeros(2, 4)), "shape mismatch"),
+    ],
+)
+def test_variant_bad_input(kwargs, match):
+    args = dict(logp=torch.zeros(2, 3), old_logp=torch.zeros(2, 3), advantages=torch.ones(2), mask=torch.ones(2, 3))
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        policy_loss(**args)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda x, m: sampler_importance_weights(x, x, m, "token_clip"), "unknown mode 'token_clip'"),
+        (lambda x, m: sampler_importance_weights(x, x, m, clip_max=None), "clip_max must be a positive finite"),
+        (lambda x, m: sampler_importance_weights(x, x, m, clip_max=math.inf), "clip_max must be a positive finite"),
+        (lambda x, m: sampler_importance_weights(x, x, m, clip_min=3.0, clip_max=2.0), r"clip_min must be None or"),
+        (lambda x, m: sampler_importance_weights(x, x[:, :2], m), "shape mismatch"),
+        (lambda x, m: sampler_importance_weights(x, x.masked_fill(m.bool(), math.nan), m), "sampler_logp is not"),
+        (lambda x, m: sampler_importance_weights(x[0], x[0], m[0]), r"must be \(B, T\)"),
+        (lambda x, m: off_policy_sequence_mask(x, x, torch.ones(2), m, threshold=-1.0), "threshold"),
+        (lambda x, m: off_policy_sequence_mask(x, x, torch.ones(3), m, threshold=0.5), "advantages must be"),
+        (lambda x, m: cispo_surrogate(x, x, x, max_weight=0.0), "max_weight"),
+        (lambda x, m: cispo_surrogate(x, x, x, max_weight=2.0, min_weight=2.0), "min_weight"),
+        (lambda x, m: sapo_surrogate(x, x, temperature_pos=-1.0), "temperature_pos"),
+    ],
+)
+def test_variant_functions_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(torch.zeros(2, 3), torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo", "dapo"])
+def test_garbage_on_padding_does_not_leak_into_the_variants(loss_type):
+    logp, old_logp, advantages, _, mask = random_batch(seed=17)
+    sampler_logp = old_logp + 0.1
+    kwargs = dict(loss_type=loss_type, epsilon_high=5.0 if loss_type == "cispo" else 0.28,
+                  off_policy_mask_threshold=0.05, sampler_logp=sampler_logp,
+                  importance_sampling_ratio=sampler_importance_weights(old_logp, sampler_logp, mask, "token_mask",
+                                                                       0.85, 1.0))
+    if loss_type == "dapo":
+        kwargs["delta"] = 3.0
+    loss, _ = policy_loss(logp, old_logp, advantages, mask, **kwargs)
+    assert loss.item() != 0
+    garbage = torch.where(mask.bool(), logp, torch.full_like(logp, float("-inf"))).requires_grad_()
+    loss_garbage, metrics = policy_loss(garbage, old_logp, advantages, mask, **kwargs)
+    assert loss_garbage.item() == pytest.approx(loss.item(), rel=1e-12)
+    loss_garbage.backward()
+    assert bool(torch.isfinite(garbage.grad).all()) and bool((garbage.grad[~mask.bool()] == 0).all())
+    assert all(math.isfinite(v) for v in metrics.values())

@@ -242,7 +242,8 @@ def test_aggregations(data, loss_type, max_completion_length, num_items, accumul
 
 POLICY_LOSS_ARGS = ("logp", "old_logp", "advantages", "mask", "epsilon", "epsilon_high", "loss_type",
                     "max_completion_length", "num_items_in_batch", "gradient_accumulation_steps", "beta", "ref_logp",
-                    "importance_sampling_level", "response_weights")
+                    "importance_sampling_level", "response_weights", "delta", "sapo_temperature_pos",
+                    "sapo_temperature_neg", "importance_sampling_ratio", "off_policy_mask_threshold", "sampler_logp")
 
 
 @covers("policy_loss")
@@ -258,7 +259,8 @@ def test_policy_loss_and_its_gradient(loss_type, level, case, data, epsilon, bet
     if per_row:
         advantages = advantages[:, 0]
     ref_logp = (logp - values(data.draw, (B, T), 50.0)).detach()
-    kwargs = dict(epsilon=epsilon, loss_type=loss_type, importance_sampling_level=level, beta=beta,
+    kwargs = dict(epsilon=epsilon, epsilon_high=5.0 if loss_type == "cispo" else None,  # CISPO's cap: above 1
+                  loss_type=loss_type, importance_sampling_level=level, beta=beta,
                   ref_logp=ref_logp if beta else None,
                   response_weights=torch.rand(B) * 3 if weighted and loss_type != "gmpo" else None,
                   max_completion_length=data.draw(st.sampled_from([None, T, T + 3])),
@@ -290,6 +292,71 @@ def test_policy_loss_bad_arguments_are_named(case, data):
     nan_logp = logp.clone()
     nan_logp[0, 0] = math.nan
     check(lambda: objectives.policy_loss(nan_logp, old_logp, advantages, mask), "logp", "mask")
+
+
+@covers("cispo_surrogate", "sapo_surrogate")
+@SETTINGS
+@given(case=token_case(), max_weight=st.floats(-1.0, 10.0) | st.sampled_from([math.inf, math.nan]),
+       min_weight=st.none() | st.floats(-1.0, 10.0), tau_pos=st.floats(-1.0, 10.0) | st.just(math.inf),
+       tau_neg=st.floats(-1.0, 10.0))
+def test_cispo_and_sapo_surrogates(case, max_weight, min_weight, tau_pos, tau_neg):
+    logp, old_logp, mask, advantages = case
+    ratio = objectives.log_ratio(logp, old_logp, mask).exp()
+    check(lambda: objectives.cispo_surrogate(ratio, advantages, logp, max_weight, min_weight),
+          "max_weight", "min_weight")
+    check(lambda: objectives.cispo_surrogate(ratio, advantages[:, :1], logp, 2.0), "shape mismatch")
+    check(lambda: objectives.sapo_surrogate(ratio, advantages, tau_pos, tau_neg), "temperature_pos", "temperature_neg")
+
+
+@covers("sampler_importance_weights", "off_policy_sequence_mask")
+@SETTINGS
+@given(case=token_case(), data=st.data(),
+       mode=st.sampled_from(objectives.VLLM_IMPORTANCE_SAMPLING_MODES + ("token_clip",)),
+       clip_min=st.none() | st.floats(-1.0, 5.0), clip_max=st.none() | st.floats(-1.0, 5.0) | st.just(math.inf),
+       threshold=st.floats(-1.0, 100.0) | st.sampled_from([math.nan, math.inf]))
+def test_sampler_corrections(case, data, mode, clip_min, clip_max, threshold):
+    logp, sampler_logp, mask, advantages = case  # log-ratios up to ±50 a token: sequence ratios overflow float32
+    weights = check(lambda: objectives.sampler_importance_weights(logp, sampler_logp, mask, mode, clip_min, clip_max),
+                    "mode", "clip_min", "clip_max")
+    if weights is not None:
+        assert bool((weights >= 0).all()) and bool((weights <= clip_max).all())
+        assert bool((weights[~mask] == 0).all())
+    check(lambda: objectives.sampler_importance_weights(logp, sampler_logp[:, :-1] if logp.shape[1] > 1
+                                                         else sampler_logp[:0], mask), "shape mismatch")
+    for per_token in (advantages, advantages[:, 0]):  # (B, T), or one per completion (B,)
+        keep = check(lambda: objectives.off_policy_sequence_mask(logp, sampler_logp, per_token, mask, threshold),
+                     "threshold")
+        if keep is not None:
+            assert keep.dtype == torch.bool and not bool(keep[~mask].any())
+            broadcast = per_token if per_token.dim() == 2 else per_token[:, None].expand_as(mask)
+            assert bool(keep[(broadcast >= 0) & mask].all())  # a non-negative advantage always stays
+
+
+@covers("policy_loss")
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "cispo", "sapo"])
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(case=token_case(), data=st.data(), delta=st.none() | st.sampled_from([0.5, 1.3, 4.0, math.inf]),
+       with_weights=st.booleans(), threshold=st.none() | st.sampled_from([-1.0, 0.0, 0.5, 1e3]),
+       with_sampler=st.booleans())
+def test_policy_loss_variants_and_their_gradient(loss_type, case, data, delta, with_weights, threshold, with_sampler):
+    logp, old_logp, mask, advantages = case
+    B, T = logp.shape
+    logp = logp.clone().requires_grad_(True)
+    sampler_logp = (old_logp - values(data.draw, (B, T), 5.0)) if with_sampler else None
+    weights = None
+    if with_weights and sampler_logp is not None:
+        mode = data.draw(st.sampled_from(objectives.VLLM_IMPORTANCE_SAMPLING_MODES))
+        weights = objectives.sampler_importance_weights(old_logp, sampler_logp, mask, mode, 0.5, 2.0)
+    kwargs = dict(loss_type=loss_type, epsilon_high=data.draw(st.sampled_from([0.28, 5.0])), delta=delta,
+                  sapo_temperature_pos=data.draw(st.sampled_from([1.0, 0.1, 20.0])), importance_sampling_ratio=weights,
+                  off_policy_mask_threshold=threshold, sampler_logp=sampler_logp,
+                  importance_sampling_level=data.draw(st.sampled_from(objectives.IMPORTANCE_SAMPLING_LEVELS)))
+    result = check(lambda: objectives.policy_loss(logp, old_logp, advantages, mask.float(), **kwargs),
+                   *POLICY_LOSS_ARGS)
+    if result is not None:
+        loss, _ = result
+        (grad,) = torch.autograd.grad(loss, logp, allow_unused=True)
+        assert grad is None or bool(torch.isfinite(grad).all())
 
 
 @covers("positive_example_nll", "value_loss")

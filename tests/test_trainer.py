@@ -175,6 +175,18 @@ def test_a_reward_function_that_returns_nan_is_a_clear_error():
         (dict(value_pretrain_steps=2), "value_pretrain_steps needs a value model"),
         (dict(sampler_temperature=0.0), "sampler_temperature must be a positive finite number"),
         (dict(old_logprobs="engine"), "unknown old_logprobs"),
+        (dict(loss_type="cispo"), "loss_type='cispo' caps the importance weight at epsilon_high itself"),
+        (dict(sapo_temperature_neg=0.0), "sapo_temperature_pos and sapo_temperature_neg must be positive"),
+        (dict(delta=1.1), r"delta must be a finite number above 1 \+ epsilon_high"),
+        (dict(delta=3.0, loss_type="gmpo", epsilon=0.4), "delta is the two-sided clip"),
+        (dict(vllm_importance_sampling_mode="token"), "unknown vllm_importance_sampling_mode"),
+        (dict(vllm_importance_sampling_clip_min=3.0), r"vllm_importance_sampling_clip_min \(3.0\) must be below"),
+        (dict(vllm_importance_sampling_correction=True, vllm_importance_sampling_clip_max=None),
+         "needs a positive vllm_importance_sampling_clip_max"),
+        (dict(vllm_importance_sampling_correction=True, old_logprobs="sampler"), "needs old_logprobs='learner'"),
+        (dict(vllm_importance_sampling_correction=1), "must be True or False"),
+        (dict(off_policy_mask_threshold=-0.5), "off_policy_mask_threshold must be a finite number >= 0"),
+        (dict(off_policy_mask_threshold=0.5, loss_type="gmpo", epsilon=0.4), "GMPO's loss is per completion"),
     ],
 )
 def test_config_errors(kwargs, match):
@@ -625,3 +637,65 @@ def test_explained_variance_has_one_centred_definition():
     constant = torch.full_like(returns, 3.0)
     assert explained_variance(constant, returns, mask) == pytest.approx(0.0, abs=1e-6)
     assert explained_variance(returns, torch.ones_like(returns), mask) is None
+
+
+# --- TRL 1.16's variants in the loop ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(loss_type="cispo", epsilon_high=5.0),
+    dict(loss_type="sapo", sapo_temperature_neg=2.0),
+    dict(delta=4.0, num_iterations=2),
+    dict(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_truncate",
+         sampler_temperature=1.3),
+    dict(vllm_importance_sampling_correction=True, sampler_temperature=1.3, off_policy_mask_threshold=0.0,
+         num_iterations=2),
+])
+def test_trl_variants_train_and_log_explained_finite_metrics(overrides):
+    from rlbook.metrics import METRICS
+
+    history = make_trainer("trl_grpo", max_steps=2, **overrides).train(progress=False)
+    logged = {key for m in history for key in m}
+    assert logged - set(METRICS) == set(), f"logged but not explained in METRICS: {logged - set(METRICS)}"
+    assert all(math.isfinite(v) for m in history for v in m.values())
+    if overrides.get("loss_type") == "cispo":
+        assert "cispo_clip_ratio" in history[-1]
+    if overrides.get("vllm_importance_sampling_correction"):
+        assert history[-1]["sampling/sampling_logp_difference/max"] > 0.01  # the sampler runs at another temperature
+    if overrides.get("off_policy_mask_threshold") is not None:
+        assert "off_policy_mask/masked_mean" in history[-1]
+
+
+def test_the_sampler_correction_weighs_the_update():
+    """The sampler at temperature 1.5, the learner at 1: pi_old / pi_sampler is far from 1. A masked-IS band that
+    holds none of the weights leaves every token loss 0 (no change to the policy); truncation to [0.5, 2] weighs
+    each token's loss by scored.importance_sampling_ratio, computed from the recomputed pi_old and the sampler's
+    log-probs."""
+    settings = dict(max_steps=1, sampler_temperature=1.5, vllm_importance_sampling_correction=True)
+    masked = make_trainer("trl_grpo", vllm_importance_sampling_mode="token_mask",
+                          vllm_importance_sampling_clip_min=50.0, vllm_importance_sampling_clip_max=100.0, **settings)
+    before = weights(masked.policy)
+    scored = masked.score(masked.sample_rollout(0))
+    assert float(scored.importance_sampling_ratio.abs().max()) == 0.0
+    masked.update(scored)
+    assert all(torch.equal(before[k], v) for k, v in masked.policy.state_dict().items())
+
+    truncated = make_trainer("trl_grpo", vllm_importance_sampling_mode="token_truncate",
+                             vllm_importance_sampling_clip_min=0.5, vllm_importance_sampling_clip_max=2.0, **settings)
+    scored = truncated.score(truncated.sample_rollout(0))
+    mask = scored.mask.bool()
+    expected = (scored.old_logp - scored.rollout.batch.logprobs).exp().clamp(0.5, 2.0)
+    torch.testing.assert_close(scored.importance_sampling_ratio[mask], expected[mask])
+    assert float((expected[mask] - 1).abs().max()) > 0.05
+    assert scored.metrics["sampling/importance_sampling_ratio/max"] <= 2.0
+
+
+def test_the_correction_recomputes_pi_old_and_is_one_when_sampler_and_learner_agree():
+    trainer = make_trainer("trl_grpo", max_steps=1, vllm_importance_sampling_correction=True,
+                           vllm_importance_sampling_mode="token_mask", vllm_importance_sampling_clip_min=0.999,
+                           vllm_importance_sampling_clip_max=1.001)
+    scored = trainer.score(trainer.sample_rollout(0))
+    mask = scored.mask.bool()
+    assert scored.old_logp is not scored.rollout.batch.logprobs  # recomputed by the training forward
+    assert scored.metrics["sampling/sampling_logp_difference/max"] < 1e-4  # float32: the two paths agree
+    assert bool((scored.importance_sampling_ratio[mask] > 0.999).all())  # every weight ~1, none masked

@@ -5,8 +5,15 @@ by TRL's own `GRPOTrainer._compute_loss` on the same tensors. `_compute_loss` is
 for the trainer that carries only the attributes it reads (single process, no vLLM, no entropy masking), and
 whose `_get_per_token_logps_and_entropies` returns our log-probs, so the comparison covers exactly TRL's
 clipping, k3 KL and aggregation. Group advantages are compared with TRL's formula on its own `nanstd`.
+
+TRL 1.16's variants the same way: `loss_type="cispo"` and `"sapo"`, `delta`, `off_policy_mask_threshold`, and
+the vLLM importance-sampling correction in its four modes. TRL computes that correction's weights inline in
+`_generate_and_score_completions`; the test cuts that block out of TRL's own source and runs it on our tensors.
 """
 
+import inspect
+import math
+import textwrap
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -17,7 +24,7 @@ trl = pytest.importorskip("trl")
 from trl import GRPOTrainer  # noqa: E402
 from trl.trainer.utils import nanstd  # noqa: E402
 
-from rlbook.objectives import group_advantages, policy_loss  # noqa: E402
+from rlbook.objectives import group_advantages, policy_loss, sampler_importance_weights  # noqa: E402
 
 AGREE = 1e-6  # float32, the same operations in a slightly different order
 
@@ -38,22 +45,28 @@ class _Accelerator:
 
 
 def _trl_loss(loss_type, logp, old_logp, ref_logp, advantages, mask, *, beta, epsilon, epsilon_high,
-              max_completion_length, num_items_in_batch):
+              max_completion_length, num_items_in_batch, args=None, inputs=None, **attributes):
+    """TRL's loss on our tensors; ``args`` (GRPOConfig fields), ``inputs`` (the batch's extra entries) and
+    ``attributes`` (the trainer's) add to or replace the stand-in's defaults."""
     B, T = mask.shape
-    stand_in = SimpleNamespace(
-        _get_per_token_logps_and_entropies=lambda *a, **k: (logp, torch.zeros_like(logp), None),
-        top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level="token",
-        beta=beta, loss_type=loss_type, epsilon_low=epsilon, epsilon_high=epsilon_high, use_vllm=False,
-        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1,
-        max_completion_length=max_completion_length, accelerator=_Accelerator(), _entropy_bonus_enabled=False,
-        aux_loss_enabled=False, _metrics=defaultdict(lambda: defaultdict(list)),
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
-    )
+    stand_in = SimpleNamespace(**{
+        "_get_per_token_logps_and_entropies": lambda *a, **k: (logp, torch.zeros_like(logp), None),
+        "top_entropy_quantile": 1.0, "off_policy_mask_threshold": None, "importance_sampling_level": "token",
+        "beta": beta, "loss_type": loss_type, "epsilon_low": epsilon, "epsilon_high": epsilon_high, "use_vllm": False,
+        "model": SimpleNamespace(training=True), "current_gradient_accumulation_steps": 1,
+        "max_completion_length": max_completion_length, "accelerator": _Accelerator(),
+        "_entropy_bonus_enabled": False, "aux_loss_enabled": False,
+        "get_off_policy_mask": GRPOTrainer.get_off_policy_mask,  # TRL's own (a static method)
+        "_metrics": defaultdict(lambda: defaultdict(list)),
+        "args": SimpleNamespace(**{"use_bias_correction_kl": False, "delta": None, "steps_per_generation": 1,
+                                   "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, **(args or {})}),
+        **attributes,
+    })
     inputs = {
         "prompt_ids": torch.ones((B, 3), dtype=torch.long), "prompt_mask": torch.ones((B, 3), dtype=torch.long),
         "completion_ids": torch.ones((B, T), dtype=torch.long), "completion_mask": mask.long(),
         "advantages": advantages, "old_per_token_logps": old_logp, "ref_per_token_logps": ref_logp,
-        "num_items_in_batch": torch.tensor(float(num_items_in_batch)),
+        "num_items_in_batch": torch.tensor(float(num_items_in_batch)), **(inputs or {}),
     }
     return GRPOTrainer._compute_loss(stand_in, None, inputs)
 
@@ -148,3 +161,127 @@ def test_model_gradient_equals_trls_on_the_same_rollout():
     assert torch.allclose(loss.detach(), trl_loss.detach(), atol=1e-6, rtol=1e-5)
     for (name, ours_p), theirs in zip(ours.named_parameters(), trainer.model.parameters()):
         assert torch.allclose(ours_p.grad, theirs.grad, atol=1e-5, rtol=1e-4), name
+
+
+# --- TRL 1.16's variants ----------------------------------------------------------------------------------------
+
+
+def _both_losses(ours_kwargs, trl_kwargs, logp, old_logp, ref_logp, advantages, mask, loss_type, num_items):
+    """Our loss and TRL's, with their gradients in logp."""
+    results = []
+    for which in ("ours", "trl"):
+        x = logp.clone().requires_grad_(True)
+        if which == "ours":
+            loss, _ = policy_loss(x, old_logp, advantages, mask, loss_type=loss_type, max_completion_length=10,
+                                  num_items_in_batch=num_items, **ours_kwargs)
+        else:
+            loss = _trl_loss(loss_type, x, old_logp, ref_logp, advantages, mask, max_completion_length=10,
+                             num_items_in_batch=num_items, **trl_kwargs)
+        loss.backward()
+        results.append((loss.detach(), x.grad))
+    return results
+
+
+def _assert_agree(results, mask):
+    (ours, ours_grad), (trl_loss, trl_grad) = results
+    assert torch.allclose(ours, trl_loss, atol=AGREE, rtol=AGREE), (ours.item(), trl_loss.item())
+    assert torch.allclose(ours_grad * mask, trl_grad * mask, atol=AGREE, rtol=AGREE)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("cap", [1.2, 5.0])  # 1.2: many weights capped; 5.0: ScaleRL's epsilon_max
+def test_cispo_equals_trls(level, cap):
+    logp, old_logp, ref_logp, rewards, mask = _tensors(300 + int(10 * cap) + len(level))
+    advantages = group_advantages(rewards, num_generations=4)
+    results = _both_losses(dict(epsilon_high=cap, importance_sampling_level=level),
+                           dict(beta=0.0, epsilon=0.2, epsilon_high=cap, importance_sampling_level=level),
+                           logp, old_logp, ref_logp, advantages, mask, "cispo", 2 * mask.sum())
+    _assert_agree(results, mask)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("tau_pos, tau_neg", [(1.0, 1.05), (0.5, 3.0)])
+def test_sapo_equals_trls(level, tau_pos, tau_neg):
+    logp, old_logp, ref_logp, rewards, mask = _tensors(400 + int(10 * tau_neg) + len(level))
+    advantages = group_advantages(rewards, num_generations=4)
+    temperatures = dict(sapo_temperature_pos=tau_pos, sapo_temperature_neg=tau_neg)
+    results = _both_losses(dict(importance_sampling_level=level, **temperatures),
+                           dict(beta=0.0, epsilon=0.2, epsilon_high=0.2, importance_sampling_level=level,
+                                args=temperatures),
+                           logp, old_logp, ref_logp, advantages, mask, "sapo", mask.sum())
+    _assert_agree(results, mask)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_delta_equals_trls(loss_type, beta):
+    logp, old_logp, ref_logp, rewards, mask = _tensors(500 + len(loss_type) + int(100 * beta))
+    advantages = group_advantages(rewards, num_generations=4)
+    results = _both_losses(dict(epsilon_high=0.28, delta=1.4, beta=beta, ref_logp=ref_logp if beta else None),
+                           dict(beta=beta, epsilon=0.2, epsilon_high=0.28, args=dict(delta=1.4)),
+                           logp, old_logp, ref_logp, advantages, mask, loss_type, 2 * mask.sum())
+    ratio = (logp - old_logp).exp()
+    assert bool(((ratio > 1.4) & (advantages[:, None] < 0) & mask.bool()).any()), "delta must act somewhere"
+    _assert_agree(results, mask)
+
+
+def _trl_sampler_weights(old_logp, sampler_logp, mask, mode, clip_min, clip_max):
+    """TRL 1.16's importance-sampling weights for the sampler (vLLM) mismatch: its own code, cut from
+    ``GRPOTrainer._generate_and_score_completions`` (where it is inline) and run on these tensors."""
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    begin = source.rindex("\n", 0, source.index("# Compute the importance sampling ratio when using vLLM")) + 1
+    end = source.index("# Compute the per-token log probabilities for the reference model")
+    block = textwrap.dedent(source[begin:end])
+    stand_in = SimpleNamespace(use_vllm=True, vllm_importance_sampling_correction=True,
+                               vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=clip_min,
+                               vllm_importance_sampling_clip_max=clip_max)
+    namespace = {"self": stand_in, "torch": torch, "math": math, "completion_mask": mask, "tool_mask": None,
+                 "old_per_token_logps": old_logp, "sampling_per_token_logps": sampler_logp}
+    exec(block, namespace)
+    return namespace["vllm_importance_sampling_ratio"]
+
+
+def _sampler_tensors(seed, scale=0.1, shift=0.0):
+    logp, old_logp, ref_logp, rewards, mask = _tensors(seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    sampler_logp = (old_logp + scale * torch.randn(old_logp.shape, generator=g) + shift) * mask
+    return logp, old_logp, ref_logp, rewards, mask, sampler_logp
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+@pytest.mark.parametrize("clip_min, clip_max", [(None, 3.0), (0.9, 1.1)])
+def test_sampler_importance_weights_equal_trls(mode, clip_min, clip_max):
+    logp, old_logp, ref_logp, rewards, mask, sampler_logp = _sampler_tensors(600 + len(mode))
+    theirs = _trl_sampler_weights(old_logp, sampler_logp, mask, mode, clip_min, clip_max)  # (B, T) or (B, 1)
+    ours = sampler_importance_weights(old_logp, sampler_logp, mask, mode, clip_min, clip_max)
+    assert torch.allclose(ours, theirs.expand_as(ours) * mask, atol=AGREE, rtol=AGREE)
+    if clip_max == 1.1:  # the band must truncate or mask some weights
+        assert bool(((ours != (old_logp - sampler_logp).exp()) & mask.bool()).any())
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "cispo", "sapo"])
+@pytest.mark.parametrize("mode", ["token_mask", "sequence_truncate"])
+def test_sampler_correction_and_off_policy_mask_in_the_loss_equal_trls(loss_type, mode):
+    """The weights on the token losses (TRL with use_vllm: the vLLM correction and the off-policy sequence mask
+    against the sampler's log-probs), with a KL term that neither weighs, equal TRL's loss."""
+    logp, old_logp, ref_logp, rewards, mask, sampler_logp = _sampler_tensors(700 + len(loss_type) + len(mode), 0.3, 0.2)
+    advantages = group_advantages(rewards, num_generations=4)
+    clip_min, clip_max = 0.7, 1.5
+    theirs = _trl_sampler_weights(old_logp, sampler_logp, mask, mode, clip_min, clip_max)
+    ours = sampler_importance_weights(old_logp, sampler_logp, mask, mode, clip_min, clip_max)
+    cap = 5.0 if loss_type == "cispo" else 0.28
+    beta = 0.04
+    # the threshold: the median of the negative-advantage rows' KL estimates, so that the mask drops some of them
+    kl = ((sampler_logp - logp) * mask).sum(-1) / mask.sum(-1)
+    threshold = max(kl[advantages < 0].median().item(), 0.0)
+    results = _both_losses(
+        dict(epsilon_high=cap, beta=beta, ref_logp=ref_logp, importance_sampling_ratio=ours,
+             off_policy_mask_threshold=threshold, sampler_logp=sampler_logp),
+        dict(beta=beta, epsilon=0.2, epsilon_high=cap, use_vllm=True, vllm_importance_sampling_correction=True,
+             off_policy_mask_threshold=threshold,
+             inputs={"importance_sampling_ratio": theirs, "sampling_per_token_logps": sampler_logp}),
+        logp, old_logp, ref_logp, advantages, mask, loss_type, 2 * mask.sum())
+    _, metrics = policy_loss(logp, old_logp, advantages, mask, loss_type=loss_type, epsilon_high=cap,
+                             off_policy_mask_threshold=threshold, sampler_logp=sampler_logp)
+    assert 0 < metrics["off_policy_mask/masked_mean"] < 1, "the off-policy mask must drop some tokens, not all"
+    _assert_agree(results, mask)

@@ -59,6 +59,21 @@ METRICS: dict[str, str] = {
                            "gradient (TRL's name)",
     "clip_ratio/high_mean": "fraction with rho > 1 + epsilon_high and A > 0 (TRL's name)",
     "clip_ratio/region_mean": "fraction of tokens whose gradient the clip removes: the sum of the two above",
+    "clip_ratio/delta_mean": "with delta (two-sided clipping): fraction of tokens with A < 0 and rho > delta, whose "
+                             "loss delta caps (no gradient)",
+    "cispo_clip_ratio": "loss_type 'cispo': fraction of tokens with A > 0 whose importance weight the cap "
+                        "epsilon_high shrinks (their gradient stays; TRL's name)",
+    "off_policy_mask/masked_mean": "with off_policy_mask_threshold: fraction of loss tokens the off-policy sequence "
+                                   "mask drops (negative advantage, mean log(pi_sampler / pi_theta) above the "
+                                   "threshold)",
+    # --- the sampler against the learner (vllm_importance_sampling_correction; TRL's names)
+    "sampling/sampling_logp_difference/mean": "mean over the rollout's completion tokens of |log pi_old - log "
+                                              "pi_sampler|: how far the sampler's numbers are from the learner's",
+    "sampling/sampling_logp_difference/max": "the largest such difference",
+    "sampling/importance_sampling_ratio/min": "smallest sampler-mismatch weight (after truncation or masking) of "
+                                              "the rollout, over tokens or, at the sequence level, completions",
+    "sampling/importance_sampling_ratio/mean": "mean sampler-mismatch weight, likewise",
+    "sampling/importance_sampling_ratio/max": "largest sampler-mismatch weight, likewise",
     "approx_kl": "k3 estimate of KL(pi_old || pi_theta) over the micro-batch's tokens: how far the update has moved "
                  "the policy from the one that sampled (CleanRL's approx_kl)",
     "ratio/min": "smallest importance ratio rho seen over the step's micro-batches (at the ratio level in use)",

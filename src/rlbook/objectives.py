@@ -6,9 +6,11 @@ tensors in, tensors out. The trainer composes them; the chapters derive them, an
 chapter's equation label (``eq-grpo-advantage`` is the GRPO chapter's advantage equation).
 
 The policy loss comes in named pieces, in the order they are applied: :func:`log_ratio` (token or sequence
-level), :func:`clipped_surrogate` or :func:`gmpo_surrogate`, and the aggregation (:func:`completion_token_mean`,
-:func:`token_mean`, :func:`constant_normaliser`, :func:`global_token_mean`, chosen by :func:`aggregate_loss`);
-:func:`policy_loss` composes them.
+level), a surrogate (:func:`clipped_surrogate`, with TRL's two-sided ``delta``; :func:`gmpo_surrogate`;
+:func:`cispo_surrogate`; :func:`sapo_surrogate`), the per-token weights that correct for the sampler
+(:func:`sampler_importance_weights`, :func:`off_policy_sequence_mask`), and the aggregation
+(:func:`completion_token_mean`, :func:`token_mean`, :func:`constant_normaliser`, :func:`global_token_mean`, chosen by
+:func:`aggregate_loss`); :func:`policy_loss` composes them.
 
 Names follow TRL where TRL has the concept (``epsilon``, ``epsilon_high``, ``beta``, ``loss_type``,
 ``max_completion_length``, ``num_items_in_batch``, ``cliprange_value``), and each docstring says which denominator
@@ -22,9 +24,14 @@ import math
 
 import torch
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "gmpo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "gmpo", "cispo", "sapo")
+CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")  # PPO-Clip's surrogate (clipped_surrogate), four aggregations
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
+# TRL's vllm_importance_sampling_mode: the sampler-mismatch correction's level (token or sequence) and what it does
+# to a weight outside [clip_min, clip_max] (truncate: clamp it; mask: 0)
+VLLM_IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 KL_KINDS = ("k1", "k2", "k3")
+SAPO_MIN_TEMPERATURE = 1e-6  # SAPO's temperatures are O(1) (TRL: 1.0 and 1.05); the gate's value is about 2 / τ
 
 
 # --- masked reductions -----------------------------------------------------------------------------------------
@@ -468,13 +475,29 @@ def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
 
 
 def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, epsilon: float,
-                      epsilon_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      epsilon_high: float, delta: float | None = None,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """PPO-Clip's per-token loss (eq-ppo-clip), −min(ρA, clip(ρ, 1 − ε, 1 + ε_high)·A), all (B, T),
     and where the clip removes the gradient: ``(loss, low, high)`` with ``low`` = ρ < 1 − ε and
     A < 0, ``high`` = ρ > 1 + ε_high and A > 0 (TRL's ``clip_ratio/low`` and ``/high``).
-    ε_high > ε is DAPO's clip-higher."""
+    ε_high > ε is DAPO's clip-higher.
+
+    ``delta`` (TRL's name; INTELLECT-2's two-sided clipping, eq-after-delta) caps the unclipped
+    branch too:
+
+        ℓ_t = −min(min(ρ_t, δ)·A_t, clip(ρ_t, 1 − ε, 1 + ε_high)·A_t)
+
+    With δ > 1 + ε_high this changes only A < 0: PPO-Clip's loss −ρA = |A|ρ of a token whose
+    ratio has run far above 1 grows without bound (the clip never acts there), and δ stops it at
+    |A|δ, with no gradient beyond (verl's and Ye et al.'s dual clip, c = δ). ``low`` and ``high``
+    are unchanged by δ."""
+    if delta is not None and not (math.isfinite(delta) and delta > 1 + epsilon_high):
+        raise ValueError(f"delta must be a finite number above 1 + epsilon_high = "
+                         f"{1 + epsilon_high} (it caps the ratio of negative-advantage tokens "
+                         f"above the clip range), got {delta}")
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
-    loss = -torch.minimum(ratio * advantages, clipped * advantages)
+    unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
+    loss = -torch.minimum(unclipped * advantages, clipped * advantages)
     low = (ratio < 1 - epsilon) & (advantages < 0)
     high = (ratio > 1 + epsilon_high) & (advantages > 0)
     return loss, low, high
@@ -504,6 +527,155 @@ def gmpo_surrogate(
     low = (log_ratio < -epsilon) & ~positive
     high = (log_ratio > epsilon_high) & positive
     return -row_advantage * geometric_mean_ratio, low, high
+
+
+def cispo_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, logp: torch.Tensor, max_weight: float,
+    min_weight: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CISPO's per-token loss (MiniMax-M1, arXiv 2506.13585; eq-after-cispo), all (B, T): the importance
+    weight is clipped *and its gradient stopped*, then multiplies the advantage and log π_θ:
+
+        ŵ_t = sg(clip(ρ_t, min_weight, max_weight)),    ℓ_t = −ŵ_t · A_t · log π_θ(o_t)
+
+    so ∇ℓ_t = −ŵ_t A_t ∇log π_θ(o_t). No token's gradient is ever removed (PPO-Clip's is, for a token whose
+    ratio left the range on the side its advantage pushes): CISPO only bounds its weight. At ρ = 1 the
+    gradient is REINFORCE's, −A ∇log π. The loss's value is a weighted log-likelihood, not PPO's
+    surrogate; only its gradient means something.
+
+    MiniMax-M1 writes the range [1 − ε_low^IS, 1 + ε_high^IS] and sets ε_low^IS large (no lower bound).
+    TRL's ``loss_type="cispo"`` (:func:`policy_loss`) caps the weight at ``epsilon_high`` itself, not
+    1 + ``epsilon_high`` (ScaleRL's ε_max, 5.0 there), with no lower bound: ``max_weight=epsilon_high``,
+    ``min_weight=None``.
+
+    Returns ``(loss, low, high)``: where the weight was capped, ``low`` = ρ < ``min_weight``, ``high`` =
+    ρ > ``max_weight`` (whatever the advantage's sign; TRL's ``cispo_clip_ratio`` counts ``high`` with
+    A > 0)."""
+    if not (math.isfinite(max_weight) and max_weight > 0):
+        raise ValueError(f"max_weight (the cap on CISPO's importance weight) must be a positive finite number, "
+                         f"got {max_weight}")
+    if min_weight is not None and not (math.isfinite(min_weight) and 0 <= min_weight < max_weight):
+        raise ValueError(f"min_weight must be None or a number in [0, max_weight = {max_weight}), got {min_weight}")
+    _check_same_shape(ratio=ratio, advantages=advantages, logp=logp)
+    weight = torch.clamp(ratio.detach(), min=min_weight, max=max_weight)
+    loss = -weight * advantages * logp
+    low = ratio < min_weight if min_weight is not None else torch.zeros_like(ratio, dtype=torch.bool)
+    high = ratio > max_weight
+    return loss, low, high
+
+
+def sapo_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, temperature_pos: float = 1.0,
+                   temperature_neg: float = 1.05) -> torch.Tensor:
+    """SAPO's per-token loss (Soft Adaptive Policy Optimization, arXiv 2511.20347; eq-after-sapo), (B, T): a
+    smooth, temperature-controlled gate on the ratio in place of a hard clip. As TRL 1.16 computes it,
+
+        τ_t = τ_pos if A_t > 0 else τ_neg
+        f(ρ) = (4 / τ) · σ(τ (ρ − 1)),    ℓ_t = −f(ρ_t) · A_t
+
+    (σ the logistic function). Its gradient in ρ is −4σ(1 − σ)·A = −sech²(τ(ρ − 1)/2)·A: exactly PPO's
+    −A at ρ = 1, and falling smoothly towards 0 as ρ leaves 1 on either side, faster for a larger τ.
+    Unlike a clip, no ratio has exactly zero gradient and none keeps the full one far from 1 (on-policy
+    tokens learn at full strength, far off-policy ones are attenuated, not cut). τ_neg > τ_pos (TRL's
+    defaults: 1.0 and 1.05; TRL's names ``sapo_temperature_pos`` and ``_neg``) damps negative-advantage
+    tokens sooner, the less stable ones in the paper's account."""
+    for name, value in (("temperature_pos", temperature_pos), ("temperature_neg", temperature_neg)):
+        if not (math.isfinite(value) and value >= SAPO_MIN_TEMPERATURE):
+            raise ValueError(f"SAPO's {name} must be a positive finite number (at least {SAPO_MIN_TEMPERATURE}: "
+                             f"the gate's 4 / temperature overflows below), got {value}")
+    _check_same_shape(ratio=ratio, advantages=advantages)
+    temperature = torch.where(advantages > 0, torch.full_like(ratio, temperature_pos),
+                              torch.full_like(ratio, temperature_neg))
+    gate = torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature
+    return -gate * advantages
+
+
+def sampler_importance_weights(
+    old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, mode: str = "sequence_mask",
+    clip_min: float | None = None, clip_max: float = 3.0,
+) -> torch.Tensor:
+    """The per-token weight that corrects the policy loss for the sampler–learner mismatch
+    (eq-after-sampler-is), (B, T), 0 outside ``mask``; plain numbers, no gradient.
+
+    An inference engine (vLLM, SGLang; here the rollout's sampler, see ``RLConfig.sampler_temperature``)
+    draws the tokens, and its log-probs ``sampler_logp`` differ from the learner's ``old_logp`` for the same
+    tokens (other kernels, precision, temperature): the samples are slightly off-policy before any update.
+    Importance sampling reweights them from π_sampler to π_old:
+
+        token level:     r_t = π_old(o_t) / π_sampler(o_t) = exp(old_logp_t − sampler_logp_t)
+        sequence level:  r_i = Π_t r_t = exp(Σ_t m (old_logp − sampler_logp)), at every token of row i
+
+    (the product over the completion's tokens, its likelihood ratio, not GSPO's geometric mean). ``mode``
+    (TRL's ``vllm_importance_sampling_mode``: level × what happens outside [C_min, C_max] =
+    [``clip_min``, ``clip_max``]):
+
+        "token_truncate", "sequence_truncate":  w = clip(r, C_min, C_max)       (truncated IS, TIS)
+        "token_mask", "sequence_mask":          w = r · 1[C_min ≤ r ≤ C_max]    (masked IS, MIS)
+
+    Truncation keeps every sample with a bounded weight (bias for bounded variance); masking drops the
+    tokens or completions the sampler got too wrong. IcePop (Ring-1T; eq-after-icepop) is ``"token_mask"``
+    with its band [α, β] as [``clip_min``, ``clip_max``]: a token whose learner/sampler probability ratio lies
+    outside the band leaves the gradient, one inside keeps its weight r_t.
+
+    The weight multiplies the per-token policy loss, not the KL term (``policy_loss(...,
+    importance_sampling_ratio=w)``), as TRL does. ``clip_min`` None is no lower bound; ``clip_max`` must be
+    finite (TRL also allows None in the mask modes, which leaves the weight unbounded above).
+    """
+    if mode not in VLLM_IMPORTANCE_SAMPLING_MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {VLLM_IMPORTANCE_SAMPLING_MODES}")
+    if clip_max is None or not (math.isfinite(clip_max) and clip_max > 0):
+        raise ValueError(f"clip_max must be a positive finite number (the largest weight kept), got {clip_max}")
+    if clip_min is not None and not (math.isfinite(clip_min) and 0 <= clip_min < clip_max):
+        raise ValueError(f"clip_min must be None or a number in [0, clip_max = {clip_max}), got {clip_min}")
+    _check_same_shape(old_logp=old_logp, sampler_logp=sampler_logp, mask=mask)
+    if old_logp.dim() != 2:
+        raise ValueError(f"old_logp, sampler_logp and mask must be (B, T), got shape {tuple(old_logp.shape)}")
+    mask = mask.bool()
+    _check_finite("old_logp", old_logp, mask)
+    _check_finite("sampler_logp", sampler_logp, mask)
+    zero = torch.zeros((), dtype=old_logp.dtype, device=old_logp.device)
+    log_ratio = torch.where(mask, old_logp.detach() - sampler_logp.detach(), zero)
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(old_logp)
+    ratio = torch.exp(log_ratio)  # may overflow to inf: the clip and the mask below both bound it
+    if mode.endswith("truncate"):
+        weight = torch.clamp(ratio, min=clip_min, max=clip_max)
+    else:
+        inside = (ratio <= clip_max) & (ratio >= (0.0 if clip_min is None else clip_min))
+        weight = torch.where(inside, ratio, zero)
+    return torch.where(mask, weight, zero)
+
+
+def off_policy_sequence_mask(
+    logp: torch.Tensor, sampler_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+    threshold: float,
+) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence masking (TRL's ``off_policy_mask_threshold``, the paper's δ;
+    eq-after-opsm): which tokens keep their loss, (B, T) bool, False outside ``mask``.
+
+        KL_i = Σ_t m (sampler_logp_t − sg(logp_t)) / |o_i|     (k1 estimate of KL(π_sampler ‖ π_θ), row i)
+        keep_{i,t} = A_{i,t} ≥ 0  or  KL_i ≤ δ
+
+    A completion with a negative advantage that the current policy has drifted far from (by the updates
+    since it was sampled, and by the sampler's own mismatch) is dropped from the loss: pushing down tokens
+    the policy would no longer sample is what destabilises training, the paper argues. Positive-advantage
+    completions always stay. ``advantages`` (B,) or (B, T); ``sampler_logp`` the behaviour policy's
+    log-probs (TRL: the inference engine's when vLLM sampled, π_old's otherwise)."""
+    if not (math.isfinite(threshold) and threshold >= 0):
+        raise ValueError(f"threshold (off_policy_mask_threshold, DeepSeek-V3.2's delta) must be a finite "
+                         f"number >= 0, got {threshold}")
+    _check_same_shape(logp=logp, sampler_logp=sampler_logp, mask=mask)
+    if logp.dim() != 2:
+        raise ValueError(f"logp, sampler_logp and mask must be (B, T), got shape {tuple(logp.shape)}")
+    if advantages.shape == logp.shape[:1]:
+        advantages = advantages[:, None].expand_as(logp)
+    elif advantages.shape != logp.shape:
+        raise ValueError(f"advantages must be (B,) = ({logp.shape[0]},) or (B, T) = {tuple(logp.shape)}, got "
+                         f"{tuple(advantages.shape)}")
+    mask = mask.bool()
+    _check_finite("logp", logp, mask)
+    _check_finite("sampler_logp", sampler_logp, mask)
+    kl = masked_sum(sampler_logp.detach() - logp.detach(), mask, dim=-1) / mask.sum(-1).clamp(min=1)  # (B,)
+    return ((advantages >= 0) | (kl <= threshold)[:, None]) & mask
 
 
 def completion_token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -556,11 +728,12 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, 
     are means over the micro-batch, divided by ``gradient_accumulation_steps`` so that the
     accumulated gradient is their average; "dapo" already divides by the whole batch's token count.
     ("gmpo" has its own per-completion loss, :func:`gmpo_surrogate`, and is averaged like
-    "grpo".)"""
+    "grpo"; the surrogates of "cispo" and "sapo" are aggregated as TRL aggregates them, "cispo" like
+    "dapo" and "sapo" like "grpo".)"""
     _check_accumulation(gradient_accumulation_steps)
-    if loss_type == "dapo":
+    if loss_type in ("dapo", "cispo"):
         return global_token_mean(per_token, mask, num_items_in_batch)
-    if loss_type in ("grpo", "gmpo"):
+    if loss_type in ("grpo", "gmpo", "sapo"):
         loss = completion_token_mean(per_token, mask)
     elif loss_type == "bnpo":
         loss = token_mean(per_token, mask)
@@ -587,6 +760,12 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     importance_sampling_level: str = "token",
     response_weights: torch.Tensor | None = None,
+    delta: float | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    importance_sampling_ratio: torch.Tensor | None = None,
+    off_policy_mask_threshold: float | None = None,
+    sampler_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The family's objective (eq-family-surrogate) for one micro-batch: ratio, clipped surrogate,
     the in-loss KL, the response weights, the aggregation. Returns ``(loss, metrics)``.
@@ -604,15 +783,38 @@ def policy_loss(
     a micro-batch mean. ``loss_type="gmpo"`` replaces the token terms by :func:`gmpo_surrogate`
     (+ β · the row's mean k3), averaged over rows; not with response weights.
 
+    The variants of TRL 1.16's ``GRPOConfig``, under TRL's names:
+
+    - ``delta``: two-sided clipping (:func:`clipped_surrogate`), for the four PPO-Clip loss
+      types;
+    - ``loss_type="cispo"``: :func:`cispo_surrogate` with the weight capped at ``epsilon_high``
+      itself (which must then exceed 1; ``epsilon`` is unused), aggregated like "dapo";
+    - ``loss_type="sapo"``: :func:`sapo_surrogate` with ``sapo_temperature_pos`` and ``_neg``,
+      aggregated like "grpo";
+    - ``importance_sampling_ratio`` (B, T) ≥ 0: the sampler-mismatch weight of
+      :func:`sampler_importance_weights`, multiplying each token's surrogate loss (not its KL
+      term);
+    - ``off_policy_mask_threshold``: :func:`off_policy_sequence_mask` against ``sampler_logp``
+      (default ``old_logp``), multiplying each token's surrogate loss likewise.
+
+    In TRL's order: surrogate × off-policy mask × importance weight, + β·k3, then × response weight.
+    GMPO's per-row loss takes none of them.
+
     The metrics are detached floats over the masked tokens, named as TRL names them:
     ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean`` (the tokens whose
-    gradient the clip removes), ``kl`` (mean k3 to the reference, when β > 0); and ``approx_kl`` (k3
-    estimate of KL(π_old ‖ π_θ), as CleanRL logs it), ``ratio/min``, ``ratio/max``, ``ratio/mean``.
+    gradient the clip removes; 0 for "cispo" and "sapo", which remove none), ``kl`` (mean k3 to
+    the reference, when β > 0), ``cispo_clip_ratio`` (TRL's: ρ above the cap with A > 0); and
+    ``approx_kl`` (k3 estimate of KL(π_old ‖ π_θ), as CleanRL logs it), ``ratio/min``,
+    ``ratio/max``, ``ratio/mean``; with ``delta``, ``clip_ratio/delta_mean`` (A < 0 and ρ > δ:
+    the tokens δ stops); with the off-policy mask, ``off_policy_mask/masked_mean`` (the tokens it
+    drops).
     """
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
     _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_type,
                             importance_sampling_level, beta, ref_logp, response_weights,
                             gradient_accumulation_steps)
+    _check_variant_args(logp, mask, loss_type, epsilon_high, delta, importance_sampling_ratio,
+                        off_policy_mask_threshold, sampler_logp)
     mask = mask.bool()
     if advantages.shape == logp.shape[:1]:
         advantages = advantages[:, None].expand_as(logp)
@@ -629,6 +831,7 @@ def policy_loss(
                          "least one")
     ratio = torch.exp(log_rho)
     kl_ref = kl_estimate(logp, torch.where(mask, ref_logp, logp)) if beta > 0 else None
+    keep = None
     if loss_type == "gmpo":
         per_row, low, high = gmpo_surrogate(log_rho, advantages, mask, epsilon, epsilon_high)
         loss = per_row.mean()
@@ -636,7 +839,25 @@ def policy_loss(
             loss = loss + beta * masked_mean(kl_ref, mask, dim=-1).mean()
         loss = loss / gradient_accumulation_steps
     else:
-        per_token, low, high = clipped_surrogate(ratio, advantages, epsilon, epsilon_high)
+        if loss_type == "cispo":
+            zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+            per_token, _, capped_high = cispo_surrogate(
+                ratio, advantages, torch.where(mask, logp, zero), max_weight=epsilon_high)
+        elif loss_type == "sapo":
+            per_token = sapo_surrogate(ratio, advantages, sapo_temperature_pos,
+                                       sapo_temperature_neg)
+        else:
+            per_token, low, high = clipped_surrogate(ratio, advantages, epsilon, epsilon_high,
+                                                     delta)
+        if loss_type in ("cispo", "sapo"):  # no token's gradient is removed
+            low = high = torch.zeros_like(mask)
+        if off_policy_mask_threshold is not None:
+            behaviour = old_logp if sampler_logp is None else sampler_logp
+            keep = off_policy_sequence_mask(logp, behaviour, advantages, mask,
+                                            off_policy_mask_threshold)
+            per_token = per_token * keep.to(per_token.dtype)
+        if importance_sampling_ratio is not None:
+            per_token = per_token * importance_sampling_ratio.detach()
         if beta > 0:
             per_token = per_token + beta * kl_ref
         if response_weights is not None:
@@ -659,6 +880,14 @@ def policy_loss(
         }
         if beta > 0:
             metrics["kl"] = masked_mean(kl_ref, mask).item()
+        if loss_type == "cispo":
+            capped = (capped_high & (advantages > 0)).float()
+            metrics["cispo_clip_ratio"] = masked_mean(capped, mask).item()
+        if delta is not None:
+            stopped = ((ratio > delta) & (advantages < 0)).float()
+            metrics["clip_ratio/delta_mean"] = masked_mean(stopped, mask).item()
+        if keep is not None:
+            metrics["off_policy_mask/masked_mean"] = masked_mean((~keep).float(), mask).item()
     return loss, metrics
 
 
@@ -695,6 +924,39 @@ def _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_ty
             raise ValueError(f"response_weights must be (B,) = ({logp.shape[0]},), got {tuple(response_weights.shape)}")
         if not bool(torch.isfinite(response_weights).all()) or bool((response_weights < 0).any()):
             raise ValueError(f"response_weights must be finite and >= 0, got {response_weights.tolist()[:8]}")
+
+
+def _check_variant_args(logp, mask, loss_type, epsilon_high, delta, importance_sampling_ratio,
+                        off_policy_mask_threshold, sampler_logp) -> None:
+    """The arguments of TRL 1.16's variants (CISPO's cap, delta, the sampler corrections)."""
+    if loss_type == "cispo" and not epsilon_high > 1:
+        raise ValueError(f"loss_type='cispo' caps the importance weight at epsilon_high itself (TRL's reading, "
+                         f"ScaleRL's epsilon_max, 5.0 there), not at 1 + epsilon_high: it must exceed 1, or every "
+                         f"on-policy token is down-weighted; got epsilon_high={epsilon_high}")
+    if delta is not None:
+        if loss_type not in CLIPPED_LOSS_TYPES:
+            raise ValueError(f"delta is the two-sided clip of PPO-Clip's surrogate: it needs loss_type in "
+                             f"{CLIPPED_LOSS_TYPES}, got {loss_type!r}")
+        if not (isinstance(delta, (int, float)) and math.isfinite(delta) and delta > 1 + epsilon_high):
+            raise ValueError(f"delta must be a finite number above 1 + epsilon_high = {1 + epsilon_high} (it caps "
+                             f"the ratio of negative-advantage tokens above the clip range), got {delta}")
+    if loss_type == "gmpo" and (importance_sampling_ratio is not None or off_policy_mask_threshold is not None):
+        raise ValueError("importance_sampling_ratio and off_policy_mask_threshold weigh token losses; GMPO's loss is "
+                         "per row (use another loss_type)")
+    if importance_sampling_ratio is not None:
+        _check_same_shape(logp=logp, importance_sampling_ratio=importance_sampling_ratio)
+        _check_finite("importance_sampling_ratio", importance_sampling_ratio, mask)
+        if bool((importance_sampling_ratio < 0)[mask.bool()].any()):
+            raise ValueError("importance_sampling_ratio must be >= 0 on the mask (a weight), got "
+                             f"{importance_sampling_ratio.min().item()}")
+    if off_policy_mask_threshold is not None and not (
+            isinstance(off_policy_mask_threshold, (int, float)) and math.isfinite(off_policy_mask_threshold)
+            and off_policy_mask_threshold >= 0):
+        raise ValueError(f"off_policy_mask_threshold must be None or a finite number >= 0, got "
+                         f"{off_policy_mask_threshold}")
+    if sampler_logp is not None:
+        _check_same_shape(logp=logp, sampler_logp=sampler_logp)
+        _check_finite("sampler_logp", sampler_logp, mask)
 
 
 def positive_example_nll(logp: torch.Tensor, loss_mask: torch.Tensor,

@@ -27,7 +27,13 @@ import math
 from dataclasses import dataclass
 
 from rlbook.advantages import ESTIMATORS, VALUE_MODEL_ESTIMATORS
-from rlbook.objectives import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
+from rlbook.objectives import (
+    CLIPPED_LOSS_TYPES,
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_TYPES,
+    SAPO_MIN_TEMPERATURE,
+    VLLM_IMPORTANCE_SAMPLING_MODES,
+)
 
 KL_PLACEMENTS = ("loss", "reward")
 
@@ -50,6 +56,18 @@ class RLConfig:
     # engines that skip the recompute: the mismatch enters every ratio).
     sampler_temperature: float | None = None  # None: temperature
     old_logprobs: str = "learner"
+    # --- correcting for the sampler (TRL's names, vllm_ prefix included, though here the sampler is the rollout's):
+    # the learner's pi_old over the sampler's probability of each token (or completion), truncated to [clip_min,
+    # clip_max] or masked outside it, multiplies each token's policy loss (rlbook.objectives.
+    # sampler_importance_weights; IcePop is "token_mask" with its band). Needs old_logprobs="learner" (pi_old is then
+    # always recomputed, as TRL does). Off by default: TRL applies it only when vLLM samples (use_vllm).
+    vllm_importance_sampling_correction: bool = False
+    vllm_importance_sampling_mode: str = "sequence_mask"  # token_ or sequence_ x truncate or mask (TRL's default)
+    vllm_importance_sampling_clip_min: float | None = None  # None: no lower bound
+    vllm_importance_sampling_clip_max: float | None = 3.0  # TRL's default C_max; must be set when correcting
+    # DeepSeek-V3.2's off-policy sequence masking: drop a negative-advantage completion whose mean log(pi_sampler /
+    # pi_theta) exceeds this (rlbook.objectives.off_policy_sequence_mask); None: off
+    off_policy_mask_threshold: float | None = None
     # --- batch layout, TRL's: generation_batch_size = per_device_train_batch_size * steps_per_generation
     # completions per step; one pass over them is steps_per_generation micro-batches; the optimizer steps after
     # every gradient_accumulation_steps micro-batches; num_iterations passes reuse each rollout (PPO's epochs).
@@ -68,8 +86,14 @@ class RLConfig:
     importance_sampling_level: str = "token"
     # --- slot 3, the clip range [1 - epsilon, 1 + epsilon_high] (GMPO: the same numbers in log space)
     epsilon: float = 0.2
-    epsilon_high: float | None = None  # None: epsilon (a symmetric clip)
-    # --- slot 4, the aggregation: a function of rlbook.objectives ("grpo", "bnpo", "dr_grpo", "dapo"; "gmpo")
+    epsilon_high: float | None = None  # None: epsilon (a symmetric clip); loss_type "cispo": the weight's cap itself
+    delta: float | None = None  # two-sided clip (INTELLECT-2): the ratio capped at delta > 1 + epsilon_high for A < 0
+    # --- slot 3's soft alternatives: loss_type "cispo" (a clipped, stopped-gradient weight: epsilon_high > 1 is its
+    # cap) and "sapo" (a sigmoid gate of temperature sapo_temperature_pos for A > 0, _neg otherwise; TRL's defaults)
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    # --- slot 4, the aggregation: a function of rlbook.objectives ("grpo", "bnpo", "dr_grpo", "dapo"; "gmpo", and
+    # "cispo" and "sapo", which also name their surrogate and are aggregated as TRL does: like "dapo" and "grpo")
     loss_type: str = "dapo"
     # --- slot 5, the KL penalty to the reference policy (a frozen copy of the initial policy, held when beta > 0)
     beta: float = 0.0
@@ -265,11 +289,13 @@ def _check(c: RLConfig) -> None:
                           ("scale_rewards", ("group", "batch", "none")),
                           ("gfpo_metric", ("length", "token_efficiency")), ("value_init", ("policy", "random")),
                           ("old_logprobs", ("learner", "sampler")),
+                          ("vllm_importance_sampling_mode", VLLM_IMPORTANCE_SAMPLING_MODES),
                           ("nonfinite_rewards", ("raise", "skip_group"))):
         if getattr(c, name) not in choices:
             raise ValueError(f"unknown {name} {getattr(c, name)!r}; choose one of {choices}")
     for name in ("learning_rate", "temperature", "epsilon", "max_grad_norm", "beta", "weight_decay", "gamma", "lam",
-                 "vf_coef", "nll_coef", "lambda_grpo_init", "lambda_grpo_learning_rate", "lambda_grpo_r"):
+                 "vf_coef", "nll_coef", "lambda_grpo_init", "lambda_grpo_learning_rate", "lambda_grpo_r",
+                 "sapo_temperature_pos", "sapo_temperature_neg"):
         value = getattr(c, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -339,5 +365,53 @@ def _check(c: RLConfig) -> None:
                              f"got {c.lambda_grpo_learning_rate} and {c.lambda_grpo_r}")
     if not isinstance(c.routing_replay, bool):
         raise ValueError(f"routing_replay must be True or False, got {c.routing_replay!r}")
+    _check_variants(c)
     if c.dynamic_sampling and c.num_generations < 2:
         raise ValueError("dynamic_sampling needs num_generations >= 2 (a group of one always has equal rewards)")
+
+
+def _check_variants(c: RLConfig) -> None:
+    """TRL 1.16's variants: CISPO's cap, SAPO's temperatures, delta, the sampler-mismatch corrections."""
+    epsilon_high = c.epsilon if c.epsilon_high is None else c.epsilon_high
+    if c.loss_type == "cispo" and not epsilon_high > 1:
+        raise ValueError(f"loss_type='cispo' caps the importance weight at epsilon_high itself (TRL's reading, "
+                         f"ScaleRL's epsilon_max), not at 1 + epsilon_high; set epsilon_high > 1 (ScaleRL: 5.0), "
+                         f"got {epsilon_high}")
+    if not (c.sapo_temperature_pos >= SAPO_MIN_TEMPERATURE and c.sapo_temperature_neg >= SAPO_MIN_TEMPERATURE):
+        raise ValueError(f"sapo_temperature_pos and sapo_temperature_neg must be positive (at least "
+                         f"{SAPO_MIN_TEMPERATURE}), got {c.sapo_temperature_pos} and {c.sapo_temperature_neg}")
+    if c.delta is not None:
+        if isinstance(c.delta, bool) or not isinstance(c.delta, (int, float)) or not math.isfinite(c.delta) \
+                or not c.delta > 1 + epsilon_high:
+            raise ValueError(f"delta must be a finite number above 1 + epsilon_high = {1 + epsilon_high} (it caps "
+                             f"the ratio of negative-advantage tokens above the clip range), got {c.delta!r}")
+        if c.loss_type not in CLIPPED_LOSS_TYPES:
+            raise ValueError(f"delta is the two-sided clip of PPO-Clip's surrogate: it needs loss_type in "
+                             f"{CLIPPED_LOSS_TYPES}, got {c.loss_type!r}")
+    if not isinstance(c.vllm_importance_sampling_correction, bool):
+        raise ValueError(f"vllm_importance_sampling_correction must be True or False, got "
+                         f"{c.vllm_importance_sampling_correction!r}")
+    clip_min, clip_max = c.vllm_importance_sampling_clip_min, c.vllm_importance_sampling_clip_max
+    for name, value in (("vllm_importance_sampling_clip_min", clip_min),
+                        ("vllm_importance_sampling_clip_max", clip_max)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 <= value < math.inf):
+            raise ValueError(f"{name} must be a finite number >= 0 or None, got {value!r}")
+    if clip_min is not None and clip_max is not None and not clip_min < clip_max:
+        raise ValueError(f"vllm_importance_sampling_clip_min ({clip_min}) must be below "
+                         f"vllm_importance_sampling_clip_max ({clip_max})")
+    if c.vllm_importance_sampling_correction:
+        if clip_max is None or not clip_max > 0:
+            raise ValueError("vllm_importance_sampling_correction needs a positive vllm_importance_sampling_clip_max "
+                             f"(the largest weight kept; TRL's default 3.0), got {clip_max!r}")
+        if c.old_logprobs != "learner":
+            raise ValueError("vllm_importance_sampling_correction weighs by pi_old / pi_sampler, which is 1 when the "
+                             "ratio divides by the sampler's log-probs: it needs old_logprobs='learner'")
+    if c.off_policy_mask_threshold is not None and (
+            isinstance(c.off_policy_mask_threshold, bool) or not isinstance(c.off_policy_mask_threshold, (int, float))
+            or not 0 <= c.off_policy_mask_threshold < math.inf):
+        raise ValueError(f"off_policy_mask_threshold must be a finite number >= 0 or None, got "
+                         f"{c.off_policy_mask_threshold!r}")
+    if c.loss_type == "gmpo" and (c.vllm_importance_sampling_correction or c.off_policy_mask_threshold is not None):
+        raise ValueError("vllm_importance_sampling_correction and off_policy_mask_threshold weigh token losses; "
+                         "GMPO's loss is per completion (use another loss_type)")

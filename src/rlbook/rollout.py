@@ -183,7 +183,10 @@ class ScoredRollout:
     tokens and ``loss_mask`` the ones that enter the loss; ``lengths`` (B,) their count; ``rewards`` (B,) after
     shaping; ``correct`` (B,) bool by the task's rule; ``old_logp``, ``ref_logp``, ``old_values`` (B, T);
     ``advantages`` (B,) or (B, T); ``returns`` (B, T), the value targets; ``metrics`` of the scoring phase;
-    ``routes`` (layers, B, L, k), the experts the old policy routed every token to (Routing Replay only)."""
+    ``routes`` (layers, B, L, k), the experts the old policy routed every token to (Routing Replay only);
+    ``sampler_logp`` (B, T), the sampler's log-probs of the tokens (the behaviour policy's);
+    ``importance_sampling_ratio`` (B, T), the sampler-mismatch correction's weight on each token's loss (when
+    configured)."""
 
     rollout: Rollout
     input_ids: torch.Tensor
@@ -200,6 +203,8 @@ class ScoredRollout:
     returns: torch.Tensor | None = None
     metrics: dict = field(default_factory=dict)
     routes: torch.Tensor | None = None
+    sampler_logp: torch.Tensor | None = None
+    importance_sampling_ratio: torch.Tensor | None = None
 
 
 def informative_groups(rewards, num_generations: int) -> np.ndarray:

@@ -56,6 +56,7 @@ from rlbook.objectives import (
     policy_loss,
     positive_example_nll,
     rlhf_token_rewards,
+    sampler_importance_weights,
     value_loss,
 )
 from rlbook.presets import PRESETS, RLConfig, preset  # noqa: F401  (re-exported: rlbook.trainer.preset)
@@ -364,11 +365,13 @@ class Trainer:
             # rollout, a sampler at another temperature, or arithmetic below float32 (bf16
             # autocast on a GPU: the cached decode and the training forward round differently)
             # we recompute them with the training forward pass, so that the first ratio is
-            # exactly 1 (as TRL does), unless old_logprobs="sampler".
+            # exactly 1 (as TRL does), unless old_logprobs="sampler". The sampler-mismatch
+            # correction compares the two, so it always recomputes (as TRL does with vLLM).
             if config.old_logprobs == "learner" and (
                     config.num_iterations > 1
                     or config.steps_per_generation > config.gradient_accumulation_steps
                     or config.sampling_temperature != config.temperature
+                    or config.vllm_importance_sampling_correction
                     or low_precision(self.policy)):
                 old_logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask,
                                              temperature=config.temperature)
@@ -414,9 +417,19 @@ class Trainer:
         if estimate.keep is not None:
             loss_mask = loss_mask * estimate.keep[:, None]
         metrics.update(estimate.metrics)
+        # the sampler-mismatch correction: pi_old / pi_sampler per token or completion, truncated or
+        # masked, a weight on each token's policy loss (TRL's vllm_importance_sampling_*)
+        is_ratio = None
+        if config.vllm_importance_sampling_correction:
+            is_ratio = sampler_importance_weights(
+                old_logp, batch.logprobs, mask, config.vllm_importance_sampling_mode,
+                config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max)
+            metrics.update(_sampling_metrics(old_logp, batch.logprobs, is_ratio, mask,
+                                             config.vllm_importance_sampling_mode))
         return ScoredRollout(rollout, input_ids, attention_mask, mask, loss_mask, mask.sum(-1),
                              rewards, correct, old_logp, estimate.advantages, ref_logp, old_values,
-                             estimate.returns, metrics, routes)
+                             estimate.returns, metrics, routes, sampler_logp=batch.logprobs,
+                             importance_sampling_ratio=is_ratio)
 
     # --- the update -----------------------------------------------------------------------------------------
 
@@ -565,11 +578,18 @@ class Trainer:
                     beta=kl_in_loss, ref_logp=scored.ref_logp[rows] if kl_in_loss else None,
                     importance_sampling_level=config.importance_sampling_level,
                     response_weights=weights,
+                    delta=config.delta, sapo_temperature_pos=config.sapo_temperature_pos,
+                    sapo_temperature_neg=config.sapo_temperature_neg,
+                    importance_sampling_ratio=(None if scored.importance_sampling_ratio is None
+                                               else scored.importance_sampling_ratio[rows]),
+                    off_policy_mask_threshold=config.off_policy_mask_threshold,
+                    sampler_logp=(scored.sampler_logp[rows]
+                                  if config.off_policy_mask_threshold is not None else None),
                 )
                 self._check_finite("the policy loss", loss)
                 metrics["loss/policy"] = loss.item()
                 if counts is not None:  # this process's share of the loss over all processes' rows
-                    if config.loss_type == "dapo":  # already divided by the step's global tokens
+                    if config.loss_type in ("dapo", "cispo"):  # divided by the step's global tokens
                         loss = loss * world.size
                     elif config.loss_type == "bnpo":  # a token mean
                         loss = loss * global_share(loss_mask.sum(), counts[1], world)
@@ -683,6 +703,19 @@ def describe_differences(keys: list[str], stored: dict, given: dict, stored_as: 
         return ", ".join(f"{k}={settings[k]!r}" if k in settings else f"{k}=(absent)" for k in keys)
 
     return f"(differs in {list(keys)}); {stored_as}: {values(stored)}; {given_as}: {values(given)}"
+
+
+def _sampling_metrics(old_logp, sampler_logp, weights, mask, mode: str) -> dict:
+    """TRL's ``sampling/*`` metrics of the sampler-mismatch correction: |log pi_old - log pi_sampler| over the
+    completion tokens, and the correction's weights (one per completion at the sequence level, as TRL counts)."""
+    mask = mask.bool()
+    difference = (old_logp - sampler_logp).abs()[mask]
+    kept = weights[:, 0] if mode.startswith("sequence") else weights[mask]
+    return {"sampling/sampling_logp_difference/mean": difference.mean().item(),
+            "sampling/sampling_logp_difference/max": difference.max().item(),
+            "sampling/importance_sampling_ratio/min": kept.min().item(),
+            "sampling/importance_sampling_ratio/mean": kept.mean().item(),
+            "sampling/importance_sampling_ratio/max": kept.max().item()}
 
 
 def _seed(seed: int, step: int, round_: int = 0, rank: int = 0) -> int:

@@ -147,7 +147,23 @@ def _common_missing(c: RLConfig) -> dict[str, str]:
         missing["old_logprobs"] = "the commands recompute pi_old with the training forward ('learner')"
     if c.needs_value_model and c.value_init == "random":
         missing["value_init"] = "the critic starts from pretrained weights (here the policy's) with a new value head"
+    # TRL 1.16's variants: the book does not translate them to verl's or OpenRLHF's options (yet)
+    if c.delta is not None:
+        missing["delta"] = "the book does not map TRL's two-sided clip to this engine's options"
+    if c.vllm_importance_sampling_correction:
+        missing["vllm_importance_sampling_correction"] = ("the book does not map the sampler-mismatch correction to "
+                                                          "this engine's options")
+    if c.off_policy_mask_threshold is not None:
+        missing["off_policy_mask_threshold"] = ("the book does not map off-policy sequence masking to this engine's "
+                                                "options")
     return missing
+
+
+def _unmapped_loss(c: RLConfig) -> tuple[str, str] | None:
+    """TRL 1.16's CISPO and SAPO, which the book maps to TRL only."""
+    if c.loss_type in ("cispo", "sapo"):
+        return f"loss_type={c.loss_type!r}", "the book maps this loss to TRL only, not to this engine's options"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -239,6 +255,8 @@ def _verl_blocked(c: RLConfig) -> tuple[str, str] | None:
         return f"advantage_estimator={c.advantage_estimator!r}", reasons[c.advantage_estimator]
     if c.loss_type == "gmpo" and c.importance_sampling_level != "token":
         return "loss_type='gmpo' with a sequence-level ratio", "verl's geo_mean clips token ratios"
+    if unmapped := _unmapped_loss(c):
+        return unmapped
     if c.lambda_grpo:
         return "lambda_grpo", "no learnable length-based response weights (λ-GRPO)"
     per_step = completions_per_optimizer_step(c)
@@ -416,6 +434,8 @@ def _openrlhf_blocked(c: RLConfig) -> tuple[str, str] | None:
                                     "would read GMPO's log-space ε as its ratio clip")
     if c.lambda_grpo:
         return "lambda_grpo", "no learnable length-based response weights (λ-GRPO)"
+    if unmapped := _unmapped_loss(c):
+        return unmapped
     return None
 
 

@@ -55,6 +55,10 @@ What TRL's ``GRPOTrainer`` cannot express (TRL 1.16; :func:`unsupported` lists t
 - ``"lambda_grpo"``: λ-GRPO's learnable response weights are not in TRL.
 
 The others map: ``"grpo"``, ``"trl_grpo"``, ``"dr_grpo"``, ``"reinforce_baseline"``, ``"gspo"`` and ``"gmpo"``.
+So do TRL 1.16's variants under their TRL names: ``loss_type="cispo"`` and ``"sapo"`` (with
+``sapo_temperature_pos``/``_neg``), ``delta``, ``off_policy_mask_threshold`` and the
+``vllm_importance_sampling_*`` correction (which TRL applies only when vLLM samples, ``use_vllm=True``; the
+book's sampler plays vLLM's part).
 
 Nor these settings, in any config: ``kl_placement="reward"`` with ``beta > 0`` (TRL puts the k3 KL in the loss),
 ``adaptive_kl_target``, ``early_stop_kl``, ``importance_sampling_level="sequence_token"``, ``routing_replay``,
@@ -196,6 +200,19 @@ def grpo_kwargs(config: RLConfig | str, *, num_processes: int = 1, strict: bool 
     )
     if c.loss_type != "gmpo":  # GMPOTrainer has its own loss and ignores loss_type
         kwargs["loss_type"] = c.loss_type
+    # TRL 1.16's variants, only where set (TRL's names; a config without them maps as before)
+    if c.delta is not None:
+        kwargs["delta"] = c.delta
+    if c.loss_type == "sapo":
+        kwargs["sapo_temperature_pos"] = c.sapo_temperature_pos
+        kwargs["sapo_temperature_neg"] = c.sapo_temperature_neg
+    if c.vllm_importance_sampling_correction:  # TRL applies it only when vLLM samples (use_vllm=True)
+        kwargs.update(vllm_importance_sampling_correction=True,
+                      vllm_importance_sampling_mode=c.vllm_importance_sampling_mode,
+                      vllm_importance_sampling_clip_min=c.vllm_importance_sampling_clip_min,
+                      vllm_importance_sampling_clip_max=c.vllm_importance_sampling_clip_max)
+    if c.off_policy_mask_threshold is not None:
+        kwargs["off_policy_mask_threshold"] = c.off_policy_mask_threshold
     return kwargs
 
 
