@@ -10,11 +10,66 @@
    of the next line. In HTML output, a formula and the punctuation touching it (an opening bracket before,
    closing punctuation after) are wrapped in <span class="rlbook-nowrap">, which _static/custom.css keeps
    on one line.
+
+3. A long listing from ``literalinclude`` (more than LONG_LISTING_LINES lines, the package's code) is wrapped
+   in a dropdown admonition (sphinx-togglebutton's ``.admonition.dropdown``, as the book's solutions are): its
+   title (the listing's caption, or the file and lines it shows) stays visible and the reader opens the code.
+   The chapters need no markup for it, so a listing that grows past the limit collapses by itself.
+   scripts/make_reader.py uses the same rule for the reader copy (a ``{dropdown}`` directive).
 """
 
 import re
+from pathlib import Path
 
 from docutils import nodes
+
+LONG_LISTING_LINES = 30  # a listing with more lines than this is collapsed (book and reader copy)
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def is_long_listing(code: str, limit: int = LONG_LISTING_LINES) -> bool:
+    """Whether a listing of ``code`` is collapsed: more than ``limit`` lines (a trailing newline not counted)."""
+    return len(code.rstrip("\n").splitlines()) > limit
+
+
+def listing_title(caption: str, source: str, first: int, count: int) -> str:
+    """The visible title of a collapsed listing: its caption, or the file and lines it shows; with its length."""
+    if caption:
+        return f"{caption} ({count} lines)"
+    try:
+        where = Path(source).resolve().relative_to(_ROOT).as_posix()
+    except ValueError:
+        where = Path(source).name
+    return f"Code from {where}, lines {first}\u2013{first + count - 1}"
+
+
+def collapse_long_listings(doctree: nodes.Node, limit: int = LONG_LISTING_LINES) -> int:
+    """Wrap each literalinclude listing longer than ``limit`` lines (with its caption, if any) in
+    ``admonition(classes=['dropdown', 'rlbook-listing'])`` titled by ``listing_title``. Returns how many."""
+    collapsed = 0
+    for block in list(doctree.findall(nodes.literal_block)):
+        if not block.get("source") or not is_long_listing(block.astext(), limit):
+            continue  # only literalinclude sets the attribute 'source' (code-block and notebook cells do not)
+        outer = block.parent if isinstance(block.parent, nodes.container) \
+            and "literal-block-wrapper" in block.parent["classes"] else block
+        if outer.parent is None or isinstance(outer.parent, nodes.admonition) \
+                and "rlbook-listing" in outer.parent["classes"]:
+            continue
+        caption = next((c.astext() for c in outer.findall(nodes.caption)), "") if outer is not block else ""
+        first = block.get("highlight_args", {}).get("linenostart", 1)
+        count = len(block.astext().rstrip("\n").splitlines())
+        title = nodes.title(text=listing_title(caption, block["source"], first, count))
+        box = nodes.admonition(classes=["dropdown", "rlbook-listing"])
+        box.source, box.line = outer.source, outer.line
+        outer.parent.replace(outer, box)  # not replace_self: it would move the ids and classes onto the box
+        box += title
+        box += outer
+        collapsed += 1
+    return collapsed
+
+
+def _collapse_long_listings(app, doctree):
+    collapse_long_listings(doctree)
 
 _CLOSING = re.compile(r"^[,.;:!?)\]\u2019\u201d]+")  # , . ; : ! ? ) ] ’ ”
 _OPENING = re.compile(r"[(\[\u2018\u201c]$")  # ( [ ‘ “
@@ -80,4 +135,5 @@ def setup(app):
     # after the other extensions' html-page-context handlers (myst-nb adds page scripts there)
     app.connect("html-page-context", _drop_duplicate_scripts, priority=900)
     app.connect("doctree-resolved", _keep_punctuation_with_math)
+    app.connect("doctree-read", _collapse_long_listings)  # before the figure numbers are assigned
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -20,7 +20,10 @@ MyST-NB's glue or of Sphinx's cross-references. In the reader copy (``_build/rea
   an unnumbered ``{math}`` directive, since jupyterlab-myst would number it and the book does not;
 - code cells are kept (the hidden ones still run: they compute what the text glues), collapsed where the book
   hides them (``remove-cell``/``remove-input``/``remove-output``), and the glue records are dropped from their
-  outputs (JupyterLab has no renderer for them).
+  outputs (JupyterLab has no renderer for them);
+- each exercise's solution is collapsed: its prose in a ``{dropdown}`` ("Solution to Exercise 6.2"), its code
+  cells hidden (``source_hidden``/``outputs_hidden``; they still run), the solution markers kept for
+  ``make student``; a listing longer than 30 lines is a ``{dropdown}`` too, as in the book.
 
 Usage::
 
@@ -190,6 +193,18 @@ def index_document(index: Index, doc: str, text: str, chapter: int | None) -> No
         elif name in ("literalinclude", "code-block", "code") and "name" in options:
             index.targets[options["name"]] = Target("code", None, _strip_roles(_unquote(options.get("caption", ""))),
                                                     doc)
+
+
+def _book_extension(name: str):
+    """A module of the book's Sphinx extensions (_ext/), which the reader copy follows."""
+    if str(ROOT / "_ext") not in sys.path:
+        sys.path.insert(0, str(ROOT / "_ext"))
+    return __import__(name)
+
+
+def is_long_listing(code: str) -> bool:
+    """Whether the book collapses a listing of ``code`` (_ext/rlbook_html.py's rule: more than 30 lines)."""
+    return _book_extension("rlbook_html").is_long_listing(code)
 
 
 def read_citations(bib: Path) -> dict[str, tuple[str, str]]:
@@ -476,7 +491,13 @@ def _include(ctx: Context, arg: str, options: dict) -> list[str]:
     pointer = f"{caption} " if caption else ""
     pointer = f"*{pointer.strip()}* " if caption else ""
     run = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", code)), default=0))
-    return [f"{pointer}From {where}, {lines}:", "", f"{run}{language}", code, run]
+    listing = [f"{pointer}From {where}, {lines}:", "", f"{run}{language}", code, run]
+    if not is_long_listing(code):
+        return listing
+    # a long listing is collapsed, as in the book (_ext/rlbook_html.py): the title shows, the reader opens it
+    title = f"{caption} ({len(code.splitlines())} lines)" if caption else f"Code: {where}, {lines}"
+    colons = ":" * max(4, 1 + max((len(m) for m in re.findall(r"^\s*(:{3,})", code, re.M)), default=0))
+    return [f"{colons}{{dropdown}} {' '.join(title.split())}", *listing, colons]
 
 
 def transform_markdown(source: str, ctx: Context) -> str:
@@ -575,6 +596,68 @@ def _number_title(source: str, chapter: int) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------------------------------------- solutions
+_SOLUTION_START = re.compile(r"^\s*(?P<fence>`{3,}|:{3,})\{solution-start\}\s*(?P<label>[^\s`]+)?")
+_SOLUTION_END = re.compile(r"^\s*(?P<fence>`{3,}|:{3,})\{solution-end\}")
+
+
+def _marker_end(lines: list[str], i: int, fence: str) -> int:
+    """Index just past the line that closes the (bodiless) solution marker opened on line ``i``."""
+    j = i + 1
+    while j < len(lines) and lines[j].strip() != fence:
+        j += 1
+    return min(j + 1, len(lines))
+
+
+def _dropdown(lines: list[str], title: str) -> list[str]:
+    if not "\n".join(lines).strip():
+        return lines
+    colons = ":" * max(4, 1 + max((len(m) for m in re.findall(r"^\s*(:{3,})", "\n".join(lines), re.M)), default=0))
+    return [f"{colons}{{dropdown}} {title}", *lines, colons]
+
+
+def hide_solutions(cells: list, index: Index) -> int:
+    """Collapse every gated solution (``{solution-start} label`` ... ``{solution-end}``, across cells): its prose
+    goes into a ``{dropdown}`` titled "Solution to Exercise N.k" and its code cells get JupyterLab's
+    ``source_hidden``/``outputs_hidden`` (they still run). jupyterlab-myst renders each cell on its own, so it
+    cannot gate a solution that spans cells; the markers stay, for scripts/make_student.py. Returns how many
+    solutions."""
+    label, count = None, 0
+
+    def title():
+        target = index.targets.get(label or "")
+        return f"Solution to Exercise {target.number}" if target and target.number else "Solution"
+
+    for cell in cells:
+        if cell.cell_type == "code":
+            if label is not None:
+                cell.metadata["jupyter"] = {**cell.metadata.get("jupyter", {}), "source_hidden": True,
+                                            "outputs_hidden": True}
+            continue
+        if cell.cell_type != "markdown":
+            continue
+        lines, out, inside, i = cell.source.splitlines(), [], [], 0
+        while i < len(lines):
+            start, end = _SOLUTION_START.match(lines[i]), _SOLUTION_END.match(lines[i])
+            if start and label is None:
+                j = _marker_end(lines, i, start["fence"])
+                out += lines[i:j]
+                label, count, i = start["label"] or "", count + 1, j
+            elif end and label is not None:
+                out += _dropdown(inside, title())
+                inside = []
+                j = _marker_end(lines, i, end["fence"])
+                out += lines[i:j]
+                label, i = None, j
+            else:
+                (inside if label is not None else out).append(lines[i])
+                i += 1
+        if label is not None:
+            out += _dropdown(inside, title())
+        cell.source = "\n".join(out)
+    return count
+
+
 # ---------------------------------------------------------------------------------------------- notebooks
 def _front_matter(chapter: int | None):
     """A first markdown cell of front matter: jupyterlab-myst then numbers equations, exercises, proofs as
@@ -602,10 +685,16 @@ def reader_notebook(nb, index: Index, doc: str, root: Path = ROOT):
         elif cell.cell_type == "code":
             cell.metadata = dict(cell.metadata)
             cell.outputs = [o for o in cell.outputs if "scrapbook" not in o.get("metadata", {})]
+            for output in cell.outputs:  # a generated table (Markdown output) names chapters with roles too
+                markdown_out = output.get("data", {}).get("text/markdown")
+                if markdown_out:
+                    text = "".join(markdown_out) if isinstance(markdown_out, list) else markdown_out
+                    output["data"]["text/markdown"] = resolve_roles(text, ctx)
             hidden = {flag for tag in cell.metadata.get("tags", []) for flag in _HIDE.get(tag, ())}
             if hidden:
                 cell.metadata["jupyter"] = {**cell.metadata.get("jupyter", {}), **{f: True for f in hidden}}
         cells.append(cell)
+    hide_solutions(cells, index)
     if chapter is not None:
         for cell in cells:
             if cell.cell_type == "markdown" and (numbered := _number_title(cell.source, chapter)) is not None:

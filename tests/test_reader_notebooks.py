@@ -278,3 +278,67 @@ def test_display_math_without_a_label_is_not_numbered():
     assert ":::{math}\n:enumerated: false\na = b\n:::" in text
     assert "$$\nc\n$$ (eq-c)" in text
     assert ":::{math}\n:enumerated: false\nd\n:::" in text
+
+
+def test_solutions_are_collapsed_in_the_reader_copy(tmp_path):
+    """GRPO's twin: every code cell between a solution's markers is hidden (source and outputs), every line of
+    solution prose sits in a {dropdown} titled "Solution to Exercise 6.k", and the markers are kept for
+    `make student`; the cells outside the solutions are not hidden by it."""
+    chapter = ROOT / "notebooks" / "part4" / "grpo.ipynb"
+    assert make_reader.main(["--out", str(tmp_path), str(chapter)]) == 0
+    original, reader = _read(chapter), nbformat.read(tmp_path / "part4" / "grpo.ipynb", as_version=4)
+    assert len(reader.cells) == len(original.cells)
+    inside, solutions, hidden = False, 0, 0
+    for cell in reader.cells:
+        if cell.cell_type == "code":
+            flags = cell.metadata.get("jupyter", {})
+            if inside:
+                assert flags.get("source_hidden") and flags.get("outputs_hidden"), cell.source[:80]
+                hidden += 1
+            continue
+        lines, dropdown, i = cell.source.splitlines(), None, 0
+        while i < len(lines):
+            line = lines[i]
+            if make_reader._SOLUTION_START.match(line):
+                inside, solutions = True, solutions + 1
+                i = make_reader._marker_end(lines, i, make_reader._SOLUTION_START.match(line)["fence"])
+                continue
+            if make_reader._SOLUTION_END.match(line):
+                assert dropdown is None, "a solution's dropdown is not closed before its end marker"
+                inside = False
+            elif inside and (opening := re.match(r"^(:{4,})\{dropdown\} (.*)$", line)):
+                assert re.fullmatch(r"Solution to Exercise 6\.\d+", opening[2]), opening[2]
+                dropdown = opening[1]
+            elif inside and dropdown and line == dropdown:
+                dropdown = None
+            elif inside and line.strip():
+                assert dropdown, f"solution prose outside a dropdown: {line!r}"
+            i += 1
+    assert solutions == 2 and hidden >= 2
+
+
+def test_only_long_listings_are_collapsed(tmp_path):
+    """A literalinclude of more than 30 lines is a {dropdown} titled by its caption and length, holding the usual
+    pointer line and code; a short one is left open."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "m.py").write_text("def short():\n    return 1\n\n\ndef long():\n"
+                                           + "".join(f"    x{k} = {k}\n" for k in range(40)) + "    return 0\n")
+    ctx = make_reader.Context(make_reader.Index(), "doc", 1, {}, tmp_path)
+    source = ("```{literalinclude} /src/m.py\n:pyobject: %s\n:caption: The %s one.\n```")
+    short = make_reader.transform_markdown(source % ("short", "short"), ctx)
+    long = make_reader.transform_markdown(source % ("long", "long"), ctx)
+    assert "{dropdown}" not in short and short.startswith("*The short one.* From `m.short` in `src/m.py`")
+    lines = long.splitlines()
+    assert lines[0] == "::::{dropdown} The long one. (42 lines)" and lines[-1] == "::::"
+    assert lines[1].startswith("*The long one.* From `m.long` in `src/m.py`") and "```python" in lines
+    assert not ctx.problems
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_no_role_is_left_in_generated_tables(chapter, reader_dir):
+    """Markdown outputs of code cells (the generated tables of Part 6) read as the book prints their roles."""
+    _, reader = pair(chapter, reader_dir)
+    for cell in reader.cells:
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            text = "".join(output.get("data", {}).get("text/markdown", ""))
+            assert not LEFT_OVER.search(text), LEFT_OVER.search(text)[0]

@@ -1,0 +1,70 @@
+"""The book's own Sphinx extensions (_ext/): long listings collapse (rlbook_html.collapse_long_listings).
+
+A doctree built by hand, then one tiny Sphinx project (two listings, the html builder, a couple of seconds)."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from docutils import nodes
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "_ext"))
+import rlbook_html  # noqa: E402
+
+
+def _listing(lines: int, caption: str | None = None, source: str = "/x/src/rlbook/m.py"):
+    text = "".join(f"x{k} = {k}\n" for k in range(lines))
+    block = nodes.literal_block(text, text, source=source)
+    block["highlight_args"] = {"linenostart": 10}
+    if caption is None:
+        return block
+    wrapper = nodes.container("", classes=["literal-block-wrapper"])
+    wrapper += nodes.caption(caption, caption)
+    wrapper += block
+    return wrapper
+
+
+def test_the_rule_is_more_than_thirty_lines():
+    assert rlbook_html.LONG_LISTING_LINES == 30
+    assert not rlbook_html.is_long_listing("a\n" * 30)
+    assert rlbook_html.is_long_listing("a\n" * 31)
+    assert not rlbook_html.is_long_listing("a\n" * 30 + "\n")  # a trailing newline is not a line
+
+
+def test_long_literalincludes_are_wrapped_in_a_dropdown_with_their_title():
+    doc = nodes.section()
+    captioned, bare, short = _listing(45, "Scoring a rollout."), _listing(31), _listing(30, "Short.")
+    code_block = nodes.literal_block("y\n" * 50, "y\n" * 50)  # a code-block or a notebook cell: no 'source'
+    doc += [captioned, bare, short, code_block]
+    assert rlbook_html.collapse_long_listings(doc) == 2
+    boxes = list(doc.findall(nodes.admonition))
+    assert [b["classes"] for b in boxes] == [["dropdown", "rlbook-listing"]] * 2
+    assert boxes[0][0].astext() == "Scoring a rollout. (45 lines)" and boxes[0][1] is captioned
+    assert boxes[1][0].astext() == "Code from m.py, lines 10\u201340" and boxes[1][1] is bare
+    assert short.parent is doc and code_block.parent is doc
+    assert rlbook_html.collapse_long_listings(doc) == 0  # idempotent
+
+
+def test_a_sphinx_build_collapses_only_the_long_listing(tmp_path):
+    sphinx = pytest.importorskip("sphinx.application")
+    (tmp_path / "m.py").write_text("def short():\n    return 1\n\n\ndef long():\n"
+                                   + "".join(f"    x{k} = {k}\n" for k in range(40)) + "    return 0\n")
+    (tmp_path / "conf.py").write_text(f"import sys\nsys.path.insert(0, {str(ROOT / '_ext')!r})\n"
+                                      "extensions = ['rlbook_html', 'sphinx_togglebutton']\nnumfig = True\n")
+    (tmp_path / "index.rst").write_text(
+        "Test\n====\n\n"
+        ".. literalinclude:: m.py\n   :pyobject: short\n   :caption: Short one.\n\n"
+        ".. literalinclude:: m.py\n   :pyobject: long\n   :caption: Long one.\n   :name: code-long\n\n"
+        "See :numref:`code-long`.\n")
+    app = sphinx.Sphinx(str(tmp_path), str(tmp_path), str(tmp_path / "_build"), str(tmp_path / "_doctrees"),
+                        "html", status=None, warning=None, freshenv=True, warningiserror=True)
+    app.build()
+    html = (tmp_path / "_build" / "index.html").read_text()
+    boxes = [m.start() for m in re.finditer(r'<div class="([^"]*)"', html)
+             if {"admonition", "dropdown", "rlbook-listing"} <= set(m[1].split())]  # sphinx-togglebutton's selector
+    assert len(boxes) == 1
+    assert boxes[0] < html.index('<p class="admonition-title">Long one. (42 lines)</p>') < html.index("x39")
+    assert html.index("Short one.") < boxes[0]
+    assert "Listing 2" in html  # the numbered reference still resolves to the collapsed listing
