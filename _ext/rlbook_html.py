@@ -43,6 +43,16 @@ def listing_title(caption: str, source: str, first: int, count: int) -> str:
     return f"Code from {where}, lines {first}\u2013{first + count - 1}"
 
 
+def _in_dropdown(node: nodes.Node) -> bool:
+    """Is ``node`` inside a dropdown admonition (one the chapter wrote, or one this transform made)?"""
+    parent = node.parent
+    while parent is not None:
+        if isinstance(parent, nodes.admonition) and "dropdown" in parent.get("classes", []):
+            return True
+        parent = parent.parent
+    return False
+
+
 def collapse_long_listings(doctree: nodes.Node, limit: int = LONG_LISTING_LINES) -> int:
     """Wrap each literalinclude listing longer than ``limit`` lines (with its caption, if any) in
     ``admonition(classes=['dropdown', 'rlbook-listing'])`` titled by ``listing_title``. Returns how many."""
@@ -52,9 +62,8 @@ def collapse_long_listings(doctree: nodes.Node, limit: int = LONG_LISTING_LINES)
             continue  # only literalinclude sets the attribute 'source' (code-block and notebook cells do not)
         outer = block.parent if isinstance(block.parent, nodes.container) \
             and "literal-block-wrapper" in block.parent["classes"] else block
-        if outer.parent is None or isinstance(outer.parent, nodes.admonition) \
-                and "rlbook-listing" in outer.parent["classes"]:
-            continue
+        if outer.parent is None or _in_dropdown(outer):
+            continue  # already collapsed: by this transform, or by a dropdown the chapter wrote around it
         caption = next((c.astext() for c in outer.findall(nodes.caption)), "") if outer is not block else ""
         first = block.get("highlight_args", {}).get("linenostart", 1)
         count = len(block.astext().rstrip("\n").splitlines())

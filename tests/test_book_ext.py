@@ -47,6 +47,18 @@ def test_long_literalincludes_are_wrapped_in_a_dropdown_with_their_title():
     assert rlbook_html.collapse_long_listings(doc) == 0  # idempotent
 
 
+def test_a_listing_already_inside_a_dropdown_is_left_alone():
+    """A chapter's own dropdown around a long listing is not wrapped in a second one (a box in a box would narrow
+    the code column, and the reader opens it once)."""
+    doc = nodes.section()
+    chapters_box = nodes.admonition(classes=["dropdown"])
+    chapters_box += nodes.title(text="Show the source")
+    inner = _listing(45, "Inside.")
+    chapters_box += inner
+    doc += chapters_box
+    assert rlbook_html.collapse_long_listings(doc) == 0 and inner.parent is chapters_box
+
+
 def test_a_sphinx_build_collapses_only_the_long_listing(tmp_path):
     sphinx = pytest.importorskip("sphinx.application")
     (tmp_path / "m.py").write_text("def short():\n    return 1\n\n\ndef long():\n"
