@@ -323,3 +323,14 @@ def test_trls_variants_map_under_their_own_names(tmp_path):
                 assert not run.blocked and all(k in run.missing for k in unmapped), (engine, run.missing)
     assert "delta" not in engine_runs("grpo")["TRL"].options and "sapo_temperature_pos" not in \
         engine_runs("grpo")["TRL"].options
+
+
+def test_a_kl_penalty_maps_to_trls_plain_k3_not_its_bias_corrected_one():
+    """TRL 1.16 multiplies the k3 term by the importance ratio unless ``use_bias_correction_kl=False`` (a gradient
+    the book's loss does not have, even on-policy): with beta > 0 the bridge turns it off; with beta 0 it is moot
+    and not passed; RLOO's config has no such field."""
+    from rlbook.integrations.trl import grpo_kwargs, rloo_kwargs
+
+    assert grpo_kwargs(preset("grpo", beta=0.04))["use_bias_correction_kl"] is False
+    assert "use_bias_correction_kl" not in grpo_kwargs(preset("grpo", beta=0.0))
+    assert "use_bias_correction_kl" not in rloo_kwargs(preset("rloo", beta=0.04))

@@ -200,6 +200,8 @@ def grpo_kwargs(config: RLConfig | str, *, num_processes: int = 1, strict: bool 
     )
     if c.loss_type != "gmpo":  # GMPOTrainer has its own loss and ignores loss_type
         kwargs["loss_type"] = c.loss_type
+    if c.beta > 0:  # TRL 1.16 multiplies its k3 term by the ratio by default (a KL gradient of its own); ours not
+        kwargs["use_bias_correction_kl"] = False
     # TRL 1.16's variants, only where set (TRL's names; a config without them maps as before)
     if c.delta is not None:
         kwargs["delta"] = c.delta
@@ -229,7 +231,7 @@ def rloo_kwargs(config: RLConfig | str, *, num_processes: int = 1) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         kwargs = grpo_kwargs(c, num_processes=num_processes, strict=False)
-    for name in ("scale_rewards", "importance_sampling_level", "loss_type"):
+    for name in ("scale_rewards", "importance_sampling_level", "loss_type", "use_bias_correction_kl"):
         kwargs.pop(name, None)
     return {**kwargs, "normalize_advantages": False}
 
