@@ -24,12 +24,8 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import json
 import math
-import os
 import re
-import shutil
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -43,24 +39,16 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from rlbook.integrations.engines import VERL_VERSION, engine_markdown, verl_run  # noqa: E402
+from engine_releases import (CONFIGS, assert_the_chapter_shows_exactly, install_release, pasted_argv,  # noqa: E402
+                             small_batch)
+from rlbook.integrations.engines import VERL_VERSION, verl_run  # noqa: E402
 from rlbook.objectives import gae, group_advantages, leave_one_out_advantages, masked_whiten, policy_loss  # noqa: E402
 from rlbook.presets import PRESETS, preset  # noqa: E402
 from rlbook.tasks.shaping import soft_overlong_penalty  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTER = ROOT / "notebooks" / "part6" / "beyond_one_machine.ipynb"
 LOCAL_MODEL = ROOT / "src" / "rlbook" / "checkpoints" / "arithmetic"  # a Llama config and tokenizer on disk
-# configs beyond the presets, for the branches no preset reaches: KL in the reward with an adaptive controller and
-# critic warm-up; dynamic sampling without the DAPO reward manager; GSPO-token; a grpo loss over two micro-batches
-EXTRA = {
-    "ppo+adaptive_kl+warmup": dict(name="ppo", value_pretrain_steps=5, beta=0.05, adaptive_kl_target=6.0),
-    "trl_grpo+dynamic_sampling": dict(name="trl_grpo", dynamic_sampling=True),
-    "gspo+sequence_token": dict(name="gspo", importance_sampling_level="sequence_token"),
-    "grpo+accumulation": dict(name="grpo", gradient_accumulation_steps=2, steps_per_generation=2),
-}
-CONFIGS = {**{name: preset(name) for name in PRESETS},
-           **{key: preset(**settings) for key, settings in EXTRA.items()}}
+# the presets and the configs beyond them (engine_releases.CONFIGS) that this engine can run
 RUNNABLE = sorted(key for key, c in CONFIGS.items() if verl_run(c).command is not None)
 # verl's imports that this test replaces by placeholders (Ray, its tensor and queue libraries, timers)
 STUBBED = ("ray", "tensordict", "codetiming", "orjson", "transfer_queue", "hdfs_io")
@@ -70,43 +58,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv
 # ---------------------------------------------------------------------------------------------------------------
 # the release, the shell, verl's Python
 # ---------------------------------------------------------------------------------------------------------------
-
-def install_release(name: str, version: str) -> Path:
-    """``pip install --no-deps name==version`` into ``<venv>/engine-wheels/name-version`` (once: reused when there);
-    skips the test with pip's last line when pip cannot install it (no package index)."""
-    folder = Path(sys.prefix) / "engine-wheels" / f"{name}-{version}"
-    if (folder / ".complete").exists():
-        return folder
-    staging = folder.with_name(f"{folder.name}.{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                           "--no-deps", "--no-compile", "--retries", "1", "--timeout", "30", "--target", str(staging),
-                           f"{name}=={version}"],
-                          capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        last = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()][-1:]
-        pytest.skip(f"pip could not install {name}=={version}: {last[0] if last else done.returncode}")
-    (staging / ".complete").touch()
-    try:
-        staging.rename(folder)
-    except OSError:  # another worker installed it first
-        shutil.rmtree(staging, ignore_errors=True)
-    return folder
-
-
-def pasted_argv(command: str) -> list[str]:
-    """The arguments ``python3`` gets when ``command`` is pasted into bash (``-eu``: an unset variable fails)."""
-    if shutil.which("bash") is None:
-        pytest.skip("bash is not installed")
-    script = "python3() { printf '%s\\0' CALL \"$@\"; }\n" + command + "\n"
-    done = subprocess.run(["bash", "--noprofile", "--norc", "-eu", "-c", script], capture_output=True, text=True,
-                          env={"HOME": "/home/reader", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}, timeout=60)
-    assert done.returncode == 0, f"bash rejects the command: {done.stderr}"
-    words = done.stdout.split("\0")[:-1]
-    assert words.count("CALL") == 1 and words[0] == "CALL", "the command must call python3 exactly once"
-    return words[1:]
-
 
 class _Placeholders(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Imports of the :data:`STUBBED` packages that are not installed return placeholder modules."""
@@ -292,25 +243,6 @@ def test_a_missing_micro_batch_size_fails_validation(verl):
 # 4: what verl computes under the composed config
 # ---------------------------------------------------------------------------------------------------------------
 
-def small_batch(c, seed=0):
-    """Log-probs of 6 completions of up to 5 tokens (ragged), with one token whose ratio is e^2.5 in a completion
-    of negative advantage (verl's default dual clip, c = 3, would cut it), and the reference's log-probs."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.tensor([5, 3, 1, 4, 2, 5])
-    mask = torch.arange(5)[None, :] < lengths[:, None]
-    old = -2 * torch.rand(6, 5, generator=g)
-    scale = 1e-3 if c.importance_sampling_level != "token" else 0.3  # GSPO's clip is 3e-4 wide
-    delta = scale * torch.randn(6, 5, generator=g)
-    delta[0, 0] = 2.5
-    advantages = torch.randn(6, generator=g)
-    advantages[0] = -abs(advantages[0]) - 0.5
-    if c.advantage_estimator == "gae":  # per-token advantages
-        advantages = torch.randn(6, 5, generator=g)
-        advantages[0, 0] = -1.0
-    ref = old + 0.2 * torch.randn(6, 5, generator=g)
-    return old, (old + delta).requires_grad_(), ref, advantages, mask
-
-
 def verl_actor_loss(verl, actor, old, logp, ref, advantages, mask):
     """verl's actor loss on one micro-batch that is the whole optimizer step, one GPU: the policy loss of
     ``actor.policy_loss.loss_mode`` plus the KL term, as verl.workers.utils.losses.ppo_loss composes them."""
@@ -334,7 +266,7 @@ def test_verl_computes_the_books_loss(verl, key):
     c = CONFIGS[key]
     cfg, _, _ = composed(verl, key)
     actor = verl.config.omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
-    old, logp, ref, advantages, mask = small_batch(c)
+    old, logp, ref, advantages, mask = small_batch(c, [5, 3, 1, 4, 2, 5])
     kl_in_loss = c.beta > 0 and c.kl_placement == "loss"
     # one micro-batch is the whole optimizer step here, so the book's micro-batch means are the step's
     book, _ = policy_loss(logp, old, advantages, mask, epsilon=c.epsilon, epsilon_high=c.epsilon_high,
@@ -435,12 +367,4 @@ class _Completion:
 # ---------------------------------------------------------------------------------------------------------------
 
 def test_the_chapter_shows_exactly_the_tested_commands():
-    markdown = engine_markdown()
-    for name in PRESETS:
-        run = verl_run(preset(name))
-        if run.command is not None:
-            assert f"```bash\n{run.command}\n```" in markdown, name
-    nb = json.loads(CHAPTER.read_text(encoding="utf-8"))
-    shown = ["".join(out["data"]["text/markdown"]) for cell in nb["cells"] if cell["cell_type"] == "code"
-             for out in cell.get("outputs", []) if "text/markdown" in out.get("data", {})]
-    assert markdown in shown, "the chapter's engine commands are not engine_markdown(): rerun the chapter"
+    assert_the_chapter_shows_exactly(verl_run)
