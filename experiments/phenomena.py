@@ -106,22 +106,23 @@ def results_file(name: str, results: Path = RESULTS, stem: str | None = None) ->
 
 
 def organism_results(name: str, results: Path = RESULTS, stem: str | None = None,
-                     script: str = "experiments/organisms.py") -> dict:
-    """The stored results of organism ``name``: ``organism_<name>.json``, or ``<stem>.json`` for an experiment of its
-    own script that stores the same layout (an ``organism`` record and ``runs`` with held-out ``evals``)."""
+                     script: str = "experiments/organisms.py") -> tuple[Path, dict]:
+    """The stored results of organism ``name`` and the file they were read from (:func:`results_file`):
+    ``organism_<name>.json``, or ``<stem>.json`` for an experiment of its own script that stores the same layout
+    (an ``organism`` record and ``runs`` with held-out ``evals``)."""
     path = results_file(name, results, stem)
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: run python {script}" + (f" {name}" if stem is None else ""))
     result = json.loads(path.read_text())
     if result["organism"]["name"] != name:
         raise ValueError(f"{path} holds organism {result['organism']['name']!r}, not {name!r}")
-    return result
+    return path, result
 
 
-def plan_status(path: Path) -> dict:
-    """The plan a results file was run under and what ``make check-plans`` says of it (:func:`rlbook.plans.verify`):
-    ``{"path", "status"}``, the path None for a file without a plan record."""
-    record = (json.loads(path.read_text()).get("provenance") or {}).get("plan") or {}
+def plan_status(path: Path, result: dict) -> dict:
+    """The plan a results file (``result``, read from ``path``) was run under and what ``make check-plans`` says of
+    it (:func:`rlbook.plans.verify`): ``{"path", "status"}``, the path None for a file without a plan record."""
+    record = (result.get("provenance") or {}).get("plan") or {}
     return {"path": record.get("path"), "status": verify(path).status}
 
 
@@ -134,8 +135,7 @@ def entries(results: Path = RESULTS, *, with_plans: bool = True) -> tuple[list[d
         spec = dict(spec)
         name, stem = spec.pop("organism"), spec.pop("results", None)
         script = spec.pop("script", "experiments/organisms.py")
-        result = organism_results(name, results, stem, script)
-        path = results_file(name, results, stem)
+        path, result = organism_results(name, results, stem, script)
         where = f"experiments/results/{path.relative_to(results).as_posix()}"
         missing = [spec[k] for k in ("fix", "control") if k in spec and spec[k] not in result["runs"]]
         if missing:
@@ -146,7 +146,7 @@ def entries(results: Path = RESULTS, *, with_plans: bool = True) -> tuple[list[d
         entry = phenomenon(result, **spec, script=script)
         entry["results"] = where
         if with_plans:
-            entry["plan"] = plan_status(path)
+            entry["plan"] = plan_status(path, result)
         out.append(entry)
     return out, pending
 
