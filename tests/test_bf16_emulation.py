@@ -5,7 +5,8 @@ so these tests meet the roundings a GPU run meets, on any CPU and in CI; other k
 otherwise, which moves a bf16 result by one unit in rare elements. Each test failed before the fix it names:
 
 1. the sampler's cached decode rounds as the learner's forward does, its residual stream kept in float32
-   (``rlbook.lm.lean``): sampled and recomputed log-probs agree to 1e-5 (were 3e-3 apart on average);
+   (``rlbook.lm.lean``): sampled and recomputed log-probs agree to 1e-5 (were 3e-3 apart on average), or, on
+   CPUs whose bf16 products depend on the batch's shape (Intel AMX), as well as the learner agrees with itself;
 2. the trainer recomputes the old log-probs whenever the forward rounds below float32
    (``rlbook.lm.device.low_precision``), so that the first on-policy step's ratios are 1;
 3. a decode step casts no weight, key cache or mask (was 16 weights a step for ``small``, and the cache per layer);
@@ -56,6 +57,25 @@ def sampled_and_recomputed(model, tokenizer, prompts, **kwargs):
     return batch, again
 
 
+def assert_sampler_agrees_with_learner(model, batch, again):
+    """Sampled and recomputed log-probs agree to AGREE, or, on a CPU whose bf16 matrix products depend on the
+    batch's shape, as closely as the learner agrees with itself. Intel's AMX tiles (oneDNN's AVX512_CORE_AMX,
+    e.g. Sapphire Rapids) accumulate in another order when a product has fewer rows: there the learner's own
+    log-probs of the same completions, recomputed four rows at a time, differ from the full batch's by up to
+    about 2e-3, and the sampler's decode steps (a few rows each) meet the same roundings. The floor keeps the
+    test as strict as before wherever the learner agrees with itself exactly (AMD EPYC, AVX2, AVX-512 without
+    AMX: 0 there); before the fix the gap was 3e-3 on average, far above either bound."""
+    mask = batch.completion_mask.bool()
+    gap = (again - batch.logprobs).abs()[mask]
+    with bf16(), torch.no_grad():
+        by_four = torch.cat([sequence_logprobs(model, batch.input_ids[i:i + 4], batch.attention_mask[i:i + 4],
+                                               batch.completion_mask[i:i + 4], temperature=batch.temperature)
+                             for i in range(0, len(batch.input_ids), 4)])
+    itself = (again - by_four).abs()[mask]
+    bound_max, bound_mean = max(AGREE, 2 * itself.max().item()), max(AGREE / 10, 2 * itself.mean().item())
+    assert gap.max() < bound_max and gap.mean() < bound_mean, (gap.mean(), gap.max(), itself.mean(), itself.max())
+
+
 # ---------------------------------------------------------------- 1. the sampler rounds as the learner
 
 
@@ -68,9 +88,8 @@ def test_sampled_logprobs_equal_the_learners_under_bf16_autocast(tokenizer, arch
     batch, again = sampled_and_recomputed(model, tokenizer, PROMPTS * 4, num_generations=4, max_new_tokens=16,
                                           temperature=0.9, seed=0)
     assert batch.logprobs.dtype == again.dtype == torch.float32
-    gap = (again - batch.logprobs).abs()[batch.completion_mask.bool()]
-    assert gap.numel() > 1000
-    assert gap.max() < AGREE and gap.mean() < AGREE / 10, (gap.mean(), gap.max())
+    assert batch.completion_mask.sum() > 1000
+    assert_sampler_agrees_with_learner(model, batch, again)
 
 
 def test_the_arithmetic_policy_samples_what_the_learner_scores_under_bf16(arithmetic):
@@ -80,8 +99,7 @@ def test_the_arithmetic_policy_samples_what_the_learner_scores_under_bf16(arithm
     prompts = [e.prompt for e in task.sample(64, split="train", seed=np.random.default_rng(0))]
     batch, again = sampled_and_recomputed(model, tokenizer, prompts, num_generations=4,
                                           max_new_tokens=RECIPES["arithmetic"].sft.max_new_tokens, seed=0)
-    gap = (again - batch.logprobs).abs()[batch.completion_mask.bool()]
-    assert gap.max() < AGREE and gap.mean() < AGREE / 10, (gap.mean(), gap.max())
+    assert_sampler_agrees_with_learner(model, batch, again)
 
 
 def test_decoder_logits_equal_the_learners_under_bf16_autocast(tokenizer):
