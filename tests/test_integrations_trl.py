@@ -296,7 +296,8 @@ def test_the_chapter_shows_exactly_the_tested_trl_code():
 
 
 def test_trls_variants_map_under_their_own_names(tmp_path):
-    """CISPO, SAPO, delta, the sampler correction and the off-policy mask are TRL 1.16's: the bridge hands them to
+    """CISPO, SAPO, delta, the sampler correction, the off-policy mask and the entropy methods (the high-entropy
+    filter, the adaptive entropy bonus) are TRL 1.16's: the bridge hands them to
     GRPOConfig under the same names (and leaves them out where unset, so the presets' configs are unchanged)."""
     cases = {
         "cispo": dict(loss_type="cispo", epsilon_high=5.0),
@@ -305,6 +306,8 @@ def test_trls_variants_map_under_their_own_names(tmp_path):
         "correction": dict(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_mask",
                            vllm_importance_sampling_clip_min=0.5, vllm_importance_sampling_clip_max=5.0,
                            off_policy_mask_threshold=0.5),
+        "entropy": dict(top_entropy_quantile=0.2, entropy_coef=0.01, use_adaptive_entropy=True, entropy_coef_max=0.1,
+                        entropy_coef_delta=0.002, entropy_target=0.5),
     }
     for name, overrides in cases.items():
         c = preset("trl_grpo", **overrides)
@@ -313,7 +316,8 @@ def test_trls_variants_map_under_their_own_names(tmp_path):
         for key, value in overrides.items():
             assert getattr(args, key) == value, (name, key)
         unmapped = {"cispo": [], "sapo": [], "delta": ["delta"],
-                    "correction": ["vllm_importance_sampling_correction", "off_policy_mask_threshold"]}[name]
+                    "correction": ["vllm_importance_sampling_correction", "off_policy_mask_threshold"],
+                    "entropy": ["top_entropy_quantile", "entropy_coef"]}[name]
         for engine in ("verl", "OpenRLHF"):  # not mapped there: blocked (a loss) or named as missing (a setting)
             run = engine_runs(c)[engine]
             if name in ("cispo", "sapo"):
@@ -323,6 +327,10 @@ def test_trls_variants_map_under_their_own_names(tmp_path):
                 assert not run.blocked and all(k in run.missing for k in unmapped), (engine, run.missing)
     assert "delta" not in engine_runs("grpo")["TRL"].options and "sapo_temperature_pos" not in \
         engine_runs("grpo")["TRL"].options
+    assert not {"top_entropy_quantile", "entropy_coef"} & set(engine_runs("grpo")["TRL"].options)
+    # verl's Clip-Cov and KL-Cov are not TRL's
+    assert unsupported(preset("trl_grpo", covariance_method="kl_cov")) == [
+        "covariance_method='kl_cov': TRL has no Clip-Cov or KL-Cov (verl's policy-loss modes)"]
 
 
 def test_a_kl_penalty_maps_to_trls_plain_k3_not_its_bias_corrected_one():

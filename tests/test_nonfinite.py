@@ -100,8 +100,8 @@ def test_nan_log_probs_are_an_error_naming_the_step_and_leave_the_weights_alone(
     learner = trainer._learner
 
     def nan_learner(*args, **kwargs):
-        logp, values = learner(*args, **kwargs)
-        return (None if logp is None else logp * float("nan")), values
+        logp, values, entropies = learner(*args, **kwargs)
+        return (None if logp is None else logp * float("nan")), values, entropies
 
     monkeypatch.setattr(trainer, "_learner", nan_learner)
     before = weights(trainer.policy)

@@ -359,6 +359,55 @@ def test_policy_loss_variants_and_their_gradient(loss_type, case, data, delta, w
         assert grad is None or bool(torch.isfinite(grad).all())
 
 
+@covers("high_entropy_mask", "entropy_bonus_loss", "adaptive_entropy_coef", "token_covariance", "clip_cov_mask",
+        "kl_cov_mask")
+@SETTINGS
+@given(case=token_case(), data=st.data(), quantile=st.floats(-0.5, 1.5) | st.just(math.nan),
+       coef=st.floats(-1.0, 1.0) | st.sampled_from([math.nan, math.inf]),
+       ratio=st.floats(-0.1, 1.5), lb=st.floats(-10.0, 10.0), ub=st.floats(-10.0, 10.0))
+def test_entropy_methods(case, data, quantile, coef, ratio, lb, ub):
+    logp, _, mask, advantages = case
+    entropies = values(data.draw, tuple(logp.shape), 20.0).abs()
+    keep = check(lambda: objectives.high_entropy_mask(entropies, mask, quantile), "top_entropy_quantile")
+    if keep is not None:
+        assert keep.dtype == torch.bool and not bool(keep[~mask].any())
+        if bool(mask.any()):
+            assert bool(keep.any())  # the highest-entropy token is always kept
+    check(lambda: objectives.entropy_bonus_loss(entropies, mask, coef), "entropy_coef")
+    new = check(lambda: objectives.adaptive_entropy_coef(abs(coef) if math.isfinite(coef) else coef, 1.0,
+                                                         entropy_target=0.5, entropy_coef_delta=0.1,
+                                                         entropy_coef_max=0.5), "entropy_coef")
+    if new is not None:
+        assert 0.0 <= new <= 0.5
+    for per_token in (advantages, advantages[:, 0]):
+        covariance = check(lambda: objectives.token_covariance(logp, per_token, mask), "mask")
+        if covariance is None:
+            continue
+        cut = check(lambda: objectives.clip_cov_mask(covariance, mask, ratio, lb, ub), "clip_cov_ratio", "clip_cov_lb")
+        penalised = check(lambda: objectives.kl_cov_mask(covariance, mask, ratio), "kl_cov_ratio")
+        for chosen in (cut, penalised):
+            if chosen is not None:
+                assert not bool(chosen[~mask].any()) and int(chosen.sum()) <= max(1, int(mask.sum()))
+
+
+@covers("policy_loss")
+@pytest.mark.parametrize("method", [None, "clip_cov", "kl_cov"])
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(case=token_case(), data=st.data(), quantile=st.sampled_from([1.0, 0.2, 0.0]))
+def test_policy_loss_with_the_entropy_methods_and_its_gradient(method, case, data, quantile):
+    logp, old_logp, mask, advantages = case
+    logp = logp.clone().requires_grad_(True)
+    entropies = values(data.draw, tuple(logp.shape), 20.0).abs()
+    keep = objectives.high_entropy_mask(entropies, mask, quantile) if quantile < 1 else None
+    result = check(lambda: objectives.policy_loss(logp, old_logp, advantages, mask.float(), entropy_mask=keep,
+                                                  covariance_method=method, clip_cov_ratio=0.3, kl_cov_ratio=0.3,
+                                                  clip_cov_lb=-1e3, clip_cov_ub=1e3), *POLICY_LOSS_ARGS)
+    if result is not None:
+        loss, _ = result
+        (grad,) = torch.autograd.grad(loss, logp, allow_unused=True)
+        assert grad is None or bool(torch.isfinite(grad).all())
+
+
 @covers("positive_example_nll", "value_loss")
 @SETTINGS
 @given(case=token_case(), data=st.data(), cliprange_value=st.none() | st.floats(-1, 10))

@@ -501,7 +501,9 @@ def test_lambda_grpo_config_errors(kwargs, match):
 # TRL GRPOConfig's algorithm defaults (TRL 1.16; ../shared/reference/libraries.md, section 3)
 TRL_GRPO_DEFAULTS = dict(num_generations=8, temperature=1.0, loss_type="dapo", beta=0.0, epsilon=0.2,
                          epsilon_high=None, scale_rewards="group", num_iterations=1, importance_sampling_level="token",
-                         mask_truncated_completions=False, max_grad_norm=1.0, weight_decay=0.0)
+                         mask_truncated_completions=False, max_grad_norm=1.0, weight_decay=0.0,
+                         top_entropy_quantile=1.0, entropy_coef=0.0, use_adaptive_entropy=False, entropy_coef_min=0.0,
+                         entropy_coef_max=1.0, entropy_coef_delta=0.005, entropy_target=0.2)
 
 
 def test_rlconfig_defaults_are_the_trl_grpo_preset_and_trls_defaults():
@@ -650,6 +652,10 @@ def test_explained_variance_has_one_centred_definition():
          sampler_temperature=1.3),
     dict(vllm_importance_sampling_correction=True, sampler_temperature=1.3, off_policy_mask_threshold=0.0,
          num_iterations=2),
+    dict(top_entropy_quantile=0.2, entropy_coef=0.01),
+    dict(use_adaptive_entropy=True, entropy_target=100.0, gradient_accumulation_steps=2, steps_per_generation=2),
+    dict(covariance_method="clip_cov", clip_cov_ratio=0.2, clip_cov_lb=-100.0, clip_cov_ub=100.0, num_iterations=2),
+    dict(covariance_method="kl_cov", kl_cov_ratio=0.2, num_iterations=2),
 ])
 def test_trl_variants_train_and_log_explained_finite_metrics(overrides):
     from rlbook.metrics import METRICS
@@ -664,6 +670,10 @@ def test_trl_variants_train_and_log_explained_finite_metrics(overrides):
         assert history[-1]["sampling/sampling_logp_difference/max"] > 0.01  # the sampler runs at another temperature
     if overrides.get("off_policy_mask_threshold") is not None:
         assert "off_policy_mask/masked_mean" in history[-1]
+    if "top_entropy_quantile" in overrides:
+        assert 0.15 < history[-1]["entropy_mask/kept_mean"] < 0.5
+    if "covariance_method" in overrides:
+        assert 0.1 < history[-1]["covariance/selected_mean"] <= 0.2
 
 
 def test_the_sampler_correction_weighs_the_update():
@@ -699,3 +709,72 @@ def test_the_correction_recomputes_pi_old_and_is_one_when_sampler_and_learner_ag
     assert scored.old_logp is not scored.rollout.batch.logprobs  # recomputed by the training forward
     assert scored.metrics["sampling/sampling_logp_difference/max"] < 1e-4  # float32: the two paths agree
     assert bool((scored.importance_sampling_ratio[mask] > 0.999).all())  # every weight ~1, none masked
+
+
+# --- the entropy methods in the loop -------------------------------------------------------------------------------
+
+
+def constant_reward(examples, completions, truncated):
+    return np.zeros(len(completions))
+
+
+def test_the_entropy_bonus_alone_raises_the_learners_entropy():
+    """Equal rewards: every advantage is 0 and the policy loss has no gradient, so the update follows the bonus
+    alone; the learner's entropy on the same completions must rise (and stay put without the bonus)."""
+    changes = {}
+    for coef in (0.0, 0.5):
+        trainer = make_trainer("trl_grpo", max_steps=1, entropy_coef=coef, learning_rate=1e-2)
+        trainer.reward_fn = constant_reward
+        scored = trainer.score(trainer.sample_rollout(0))
+
+        def mean_entropy():
+            with torch.no_grad():
+                _, entropies = sequence_logprobs(trainer.policy, scored.input_ids, scored.attention_mask,
+                                                 scored.mask, with_entropy=True)
+            return float((entropies * scored.mask).sum() / scored.mask.sum())
+
+        before = mean_entropy()
+        metrics = trainer.update(scored)
+        changes[coef] = mean_entropy() - before
+        if coef:
+            assert metrics["entropy_coef"] == coef
+    assert changes[0.5] > 0.01, changes
+    assert abs(changes[0.0]) < 1e-6, changes
+
+
+def test_adaptive_entropy_moves_the_coefficient_once_per_optimizer_step_and_resumes(tmp_path):
+    settings = dict(use_adaptive_entropy=True, entropy_coef=0.01, entropy_coef_delta=0.004, max_steps=4,
+                    gradient_accumulation_steps=2, steps_per_generation=4, per_device_train_batch_size=4)
+    # entropy below a 100-nat target at every step: +delta per optimizer step, two per training step
+    trainer = make_trainer("trl_grpo", entropy_target=100.0, **settings)
+    history = trainer.train(steps=2, progress=False)
+    assert [m["optimizer_steps"] for m in history] == [2, 2]
+    assert trainer.entropy_coef == pytest.approx(0.01 + 4 * 0.004)
+    # above a 0-nat target: down, floored at entropy_coef_min
+    falling = make_trainer("trl_grpo", entropy_target=0.0, **settings)
+    falling.train(steps=2, progress=False)
+    assert falling.entropy_coef == 0.0 and falling.last_entropy > 0
+    # resumed from a checkpoint, the controller continues where it was
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    resumed = make_trainer("trl_grpo", entropy_target=100.0, **settings).resume(tmp_path / "ckpt")
+    assert resumed.entropy_coef == trainer.entropy_coef and resumed.last_entropy == trainer.last_entropy
+    straight = make_trainer("trl_grpo", entropy_target=100.0, **settings)
+    straight.train(progress=False)
+    resumed.train(progress=False)
+    for a, b in zip(straight.history[2:], resumed.history[2:]):
+        assert a["entropy_coef"] == pytest.approx(b["entropy_coef"]) and a["loss/policy"] == pytest.approx(
+            b["loss/policy"], rel=1e-5, abs=1e-8)
+
+
+def test_the_high_entropy_filter_at_quantile_0_moves_the_policy_less():
+    """top_entropy_quantile 0 keeps only the single highest-entropy token of each micro-batch: the update then
+    moves the policy much less than the unfiltered one from the same rollout."""
+    moved = {}
+    for quantile in (1.0, 0.0):
+        trainer = make_trainer("trl_grpo", max_steps=1, top_entropy_quantile=quantile, learning_rate=1e-2)
+        before = weights(trainer.policy)
+        metrics = trainer.update(trainer.score(trainer.sample_rollout(0)))
+        moved[quantile] = sum(float((v - before[k]).norm()) for k, v in trainer.policy.state_dict().items())
+        if quantile == 0.0:
+            assert metrics["entropy_mask/kept_mean"] < 0.1
+    assert moved[0.0] < moved[1.0], moved

@@ -24,7 +24,14 @@ trl = pytest.importorskip("trl")
 from trl import GRPOTrainer  # noqa: E402
 from trl.trainer.utils import nanstd  # noqa: E402
 
-from rlbook.objectives import group_advantages, policy_loss, sampler_importance_weights  # noqa: E402
+from rlbook.objectives import (  # noqa: E402
+    adaptive_entropy_coef,
+    entropy_bonus_loss,
+    group_advantages,
+    high_entropy_mask,
+    policy_loss,
+    sampler_importance_weights,
+)
 
 AGREE = 1e-6  # float32, the same operations in a slightly different order
 
@@ -285,3 +292,116 @@ def test_sampler_correction_and_off_policy_mask_in_the_loss_equal_trls(loss_type
                              off_policy_mask_threshold=threshold, sampler_logp=sampler_logp)
     assert 0 < metrics["off_policy_mask/masked_mean"] < 1, "the off-policy mask must drop some tokens, not all"
     _assert_agree(results, mask)
+
+
+# --- the entropy methods: the high-entropy minority and the (adaptive) entropy bonus ----------------------------
+
+
+class _Gathering(_Accelerator):
+    @staticmethod
+    def pad_across_processes(x, dim=0, pad_index=0):
+        return x
+
+
+def _entropies(seed, mask):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(mask.shape, generator=g) * 2.0 + 0.05) * mask
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.2, 0.5, 1.0])
+def test_high_entropy_mask_equals_trls(rho):
+    _, _, _, _, mask = _tensors(800 + int(10 * rho))
+    entropies = _entropies(800, mask)
+    stand_in = SimpleNamespace(accelerator=_Gathering())
+    theirs = GRPOTrainer.get_high_entropy_mask(stand_in, entropies, mask, 1 - rho)
+    assert torch.equal(high_entropy_mask(entropies, mask, rho), theirs)
+
+
+def _ours_with_entropy(x, h, old_logp, advantages, mask, loss_type, num_items, rho, coef, beta=0.0,
+                       ref_logp=None):
+    keep = high_entropy_mask(h, mask, rho) if rho < 1 else None
+    loss, _ = policy_loss(x, old_logp, advantages, mask, loss_type=loss_type, max_completion_length=10,
+                          num_items_in_batch=num_items, epsilon_high=0.28, entropy_mask=keep, beta=beta,
+                          ref_logp=ref_logp)
+    return loss + entropy_bonus_loss(h, mask.bool() if keep is None else keep, coef)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("rho, coef", [(0.2, 0.0), (1.0, 0.01), (0.3, 0.05)])
+def test_entropy_filter_and_bonus_in_the_loss_equal_trls(loss_type, rho, coef):
+    """TRL's ``top_entropy_quantile`` and static ``entropy_coef``: the loss and its gradient in both the log-probs
+    and the entropies (the bonus is differentiable), with the KL term on."""
+    logp, old_logp, ref_logp, rewards, mask = _tensors(900 + len(loss_type) + int(100 * coef))
+    entropies = _entropies(901, mask)
+    advantages = group_advantages(rewards, num_generations=4)
+    num_items, beta = 2 * mask.sum(), 0.04
+    results = []
+    for which in ("ours", "trl"):
+        x, h = logp.clone().requires_grad_(True), entropies.clone().requires_grad_(True)
+        if which == "ours":
+            loss = _ours_with_entropy(x, h, old_logp, advantages, mask, loss_type, num_items, rho, coef, beta,
+                                      ref_logp)
+        else:
+            stand_in_attrs = dict(
+                _get_per_token_logps_and_entropies=lambda *a, **k: (x, h, None), top_entropy_quantile=rho,
+                _entropy_bonus_enabled=coef != 0.0, entropy_coef=coef, use_adaptive_entropy=False,
+                accelerator=_Gathering())
+            stand_in_attrs["get_high_entropy_mask"] = lambda *a: GRPOTrainer.get_high_entropy_mask(
+                SimpleNamespace(accelerator=_Gathering()), *a)
+            loss = _trl_loss(loss_type, x, old_logp, ref_logp, advantages, mask, beta=beta, epsilon=0.2,
+                             epsilon_high=0.28, max_completion_length=10, num_items_in_batch=num_items,
+                             **stand_in_attrs)
+        loss.backward()
+        results.append((loss.detach(), x.grad, h.grad))
+    (ours, ours_grad, ours_h), (theirs, trl_grad, trl_h) = results
+    assert torch.allclose(ours, theirs, atol=AGREE, rtol=AGREE), (ours.item(), theirs.item())
+    assert torch.allclose(ours_grad * mask, trl_grad * mask, atol=AGREE, rtol=AGREE)
+    if coef:
+        assert torch.allclose(ours_h * mask, trl_h * mask, atol=AGREE, rtol=AGREE)
+
+
+def test_adaptive_entropy_coefficient_follows_trls_controller():
+    """Twelve optimizer steps of TRL's adaptive control (``use_adaptive_entropy``, one micro-batch per step) against
+    ours: the coefficient after each step, and the loss, which applies the previous step's coefficient only
+    while the previous step's entropy was at or below the target."""
+    logp, old_logp, ref_logp, rewards, mask = _tensors(950)
+    advantages = group_advantages(rewards, num_generations=4)
+    settings = dict(entropy_target=0.6, entropy_coef_delta=0.02, entropy_coef_min=0.0, entropy_coef_max=0.05)
+    stand_in_state = dict(entropy_coef=0.01, use_adaptive_entropy=True, _entropy_bonus_enabled=True,
+                          _last_world_entropy=float("inf"), _entropy_window_stats=None, top_entropy_quantile=1.0)
+    coef, last_entropy, path = 0.01, float("inf"), []
+    scales = [0.2, 0.3, 0.5, 0.9, 0.9, 0.9, 0.2, 0.1, 0.1, 0.8, 0.9, 0.3]  # below, then above, the target
+    for step, scale in enumerate(scales):
+        entropies = _entropies(960 + step, mask) * scale
+        applied = coef if last_entropy <= settings["entropy_target"] else 0.0
+        ours = _ours_with_entropy(logp, entropies, old_logp, advantages, mask, "dapo", mask.sum(), 1.0, applied)
+        holder = {}
+
+        def compute(entropies=entropies):
+            stand_in = SimpleNamespace(**{
+                "_get_per_token_logps_and_entropies": lambda *a, **k: (logp, entropies, None),
+                "beta": 0.0, "loss_type": "dapo", "epsilon_low": 0.2, "epsilon_high": 0.28, "use_vllm": False,
+                "model": SimpleNamespace(training=True), "current_gradient_accumulation_steps": 1,
+                "max_completion_length": 10, "accelerator": _Gathering(), "aux_loss_enabled": False,
+                "off_policy_mask_threshold": None, "importance_sampling_level": "token",
+                "_metrics": defaultdict(lambda: defaultdict(list)),
+                "args": SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1,
+                                        **settings),
+                **stand_in_state})
+            inputs = {"prompt_ids": torch.ones((mask.shape[0], 3), dtype=torch.long),
+                      "prompt_mask": torch.ones((mask.shape[0], 3), dtype=torch.long),
+                      "completion_ids": torch.ones(mask.shape, dtype=torch.long), "completion_mask": mask.long(),
+                      "advantages": advantages, "old_per_token_logps": old_logp, "ref_per_token_logps": None,
+                      "num_items_in_batch": mask.sum()}
+            holder["loss"] = GRPOTrainer._compute_loss(stand_in, None, inputs)
+            for key in stand_in_state:
+                stand_in_state[key] = getattr(stand_in, key)
+
+        compute()
+        assert holder["loss"].item() == pytest.approx(ours.item(), abs=AGREE, rel=AGREE), step
+        entropy = ((entropies * mask).sum() / mask.sum()).item()
+        coef, last_entropy = adaptive_entropy_coef(coef, entropy, **settings), entropy
+        assert stand_in_state["entropy_coef"] == pytest.approx(coef, abs=1e-12), step
+        path.append(coef)
+    # the path reached both bounds: it rose to the max and fell to the min
+    assert max(path) == pytest.approx(settings["entropy_coef_max"]) and min(path) == 0.0

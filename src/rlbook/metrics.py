@@ -66,6 +66,13 @@ METRICS: dict[str, str] = {
     "off_policy_mask/masked_mean": "with off_policy_mask_threshold: fraction of loss tokens the off-policy sequence "
                                    "mask drops (negative advantage, mean log(pi_sampler / pi_theta) above the "
                                    "threshold)",
+    # --- the entropy methods
+    "entropy_mask/kept_mean": "with top_entropy_quantile < 1: fraction of loss tokens the high-entropy filter "
+                              "keeps in the policy loss (about top_entropy_quantile)",
+    "entropy_coef": "with entropy_coef or use_adaptive_entropy: the entropy bonus's coefficient after each "
+                    "optimizer step (TRL's name); adaptive control moves it by entropy_coef_delta",
+    "covariance/selected_mean": "with covariance_method: fraction of loss tokens Clip-Cov cut or KL-Cov penalised "
+                                "(those with the largest covariance of log-prob and advantage)",
     # --- the sampler against the learner (vllm_importance_sampling_correction; TRL's names)
     "sampling/sampling_logp_difference/mean": "mean over the rollout's completion tokens of |log pi_old - log "
                                               "pi_sampler|: how far the sampler's numbers are from the learner's",

@@ -8,9 +8,11 @@ chapter's equation label (``eq-grpo-advantage`` is the GRPO chapter's advantage 
 The policy loss comes in named pieces, in the order they are applied: :func:`log_ratio` (token or sequence
 level), a surrogate (:func:`clipped_surrogate`, with TRL's two-sided ``delta``; :func:`gmpo_surrogate`;
 :func:`cispo_surrogate`; :func:`sapo_surrogate`), the per-token weights that correct for the sampler
-(:func:`sampler_importance_weights`, :func:`off_policy_sequence_mask`), and the aggregation
-(:func:`completion_token_mean`, :func:`token_mean`, :func:`constant_normaliser`, :func:`global_token_mean`, chosen by
-:func:`aggregate_loss`); :func:`policy_loss` composes them.
+(:func:`sampler_importance_weights`, :func:`off_policy_sequence_mask`), the entropy methods' choice of tokens
+(:func:`high_entropy_mask`; :func:`clip_cov_mask` and :func:`kl_cov_mask` on :func:`token_covariance`), and the
+aggregation (:func:`completion_token_mean`, :func:`token_mean`, :func:`constant_normaliser`,
+:func:`global_token_mean`, chosen by :func:`aggregate_loss`); :func:`policy_loss` composes them. The entropy bonus
+(:func:`entropy_bonus_loss`, with :func:`adaptive_entropy_coef`) is added beside it.
 
 Names follow TRL where TRL has the concept (``epsilon``, ``epsilon_high``, ``beta``, ``loss_type``,
 ``max_completion_length``, ``num_items_in_batch``, ``cliprange_value``), and each docstring says which denominator
@@ -31,6 +33,7 @@ IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
 # to a weight outside [clip_min, clip_max] (truncate: clamp it; mask: 0)
 VLLM_IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 KL_KINDS = ("k1", "k2", "k3")
+COVARIANCE_METHODS = ("clip_cov", "kl_cov")  # verl's policy-loss modes that act on high-covariance tokens
 SAPO_MIN_TEMPERATURE = 1e-6  # SAPO's temperatures are O(1) (TRL: 1.0 and 1.05); the gate's value is about 2 / τ
 
 
@@ -678,6 +681,147 @@ def off_policy_sequence_mask(
     return ((advantages >= 0) | (kl <= threshold)[:, None]) & mask
 
 
+# --- entropy: which tokens learn, and a bonus ----------------------------------------------------------------------
+
+
+def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor,
+                      top_entropy_quantile: float) -> torch.Tensor:
+    """The high-entropy minority (Wang et al., "Beyond the 80/20 Rule", arXiv 2506.01939;
+    eq-after-entropy-filter): which tokens keep their policy loss, (B, T) bool, False outside ``mask``.
+
+        τ = the (1 − ρ) quantile of {H_t : m_t = 1}      keep_t = m_t · 1[H_t ≥ τ]
+
+    with ρ = ``top_entropy_quantile`` (TRL's name; the paper keeps 0.2) and H_t the policy's entropy at
+    token t (``entropies``, nats). Only the "forking" tokens, where the policy hesitates, are pushed; the
+    confident majority is left alone. ρ = 1 keeps every token; ρ = 0 keeps the highest only (and its ties).
+    The quantile interpolates linearly (``torch.quantile``), over the tokens given: TRL gathers every
+    process's tokens first, this function sees one micro-batch."""
+    if not (isinstance(top_entropy_quantile, (int, float)) and 0.0 <= top_entropy_quantile <= 1.0):
+        raise ValueError(f"top_entropy_quantile must be in [0, 1] (the share of tokens kept), got "
+                         f"{top_entropy_quantile}")
+    _check_same_shape(entropies=entropies, mask=mask)
+    mask = mask.bool()
+    _check_finite("entropies", entropies, mask)
+    values = entropies.detach()[mask].to(torch.promote_types(entropies.dtype, torch.float32))  # bf16 → float32
+    if values.numel() == 0:
+        return torch.zeros_like(mask)
+    threshold = torch.quantile(values, 1.0 - top_entropy_quantile)
+    return (entropies.detach() >= threshold) & mask
+
+
+def adaptive_entropy_coef(entropy_coef: float, entropy: float, *, entropy_target: float,
+                          entropy_coef_delta: float, entropy_coef_min: float = 0.0,
+                          entropy_coef_max: float = 1.0) -> float:
+    """Skywork-OR1's adaptive entropy control (arXiv 2505.22312; eq-after-adaptive-entropy): the next
+    step's coefficient of the entropy bonus, from this step's mean token entropy (nats).
+
+        c ← clip(c + Δ, c_min, c_max)   if H ≤ H_target      (entropy too low: push harder)
+        c ← clip(c − Δ, c_min, c_max)   otherwise
+
+    The bonus −c·H is added to the loss only while H ≤ H_target (the trainer applies the coefficient
+    that the *previous* step's entropy decided, as TRL does), so the controller raises entropy when it
+    falls below the target and otherwise stays out of the way. Names as TRL's ``GRPOConfig``."""
+    for name, value in (("entropy_coef", entropy_coef), ("entropy", entropy), ("entropy_target", entropy_target),
+                        ("entropy_coef_delta", entropy_coef_delta)):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value}")
+    if not 0.0 <= entropy_coef_min <= entropy_coef_max:
+        raise ValueError(f"need 0 <= entropy_coef_min <= entropy_coef_max, got {entropy_coef_min} and "
+                         f"{entropy_coef_max}")
+    step = entropy_coef_delta if entropy <= entropy_target else -entropy_coef_delta
+    return min(max(entropy_coef + step, entropy_coef_min), entropy_coef_max)
+
+
+def entropy_bonus_loss(entropies: torch.Tensor, mask: torch.Tensor, entropy_coef: float,
+                       gradient_accumulation_steps: int = 1) -> torch.Tensor:
+    """The entropy bonus as a term of the loss (eq-after-entropy-bonus): −c · mean_t H_t over the masked
+    tokens, divided by ``gradient_accumulation_steps``; differentiable through ``entropies``. Minimising it
+    raises the policy's entropy. As in TRL the bonus is a plain token mean whatever the ``loss_type``
+    (``entropy_coef`` means the same for every aggregation), over the tokens the policy loss uses (pass
+    :func:`high_entropy_mask` ∧ ``mask`` when the filter is on)."""
+    if not math.isfinite(entropy_coef):
+        raise ValueError(f"entropy_coef must be finite, got {entropy_coef}")
+    _check_accumulation(gradient_accumulation_steps)
+    _check_same_shape(entropies=entropies, mask=mask)
+    mask = mask.bool()
+    _check_finite("entropies", entropies, mask)
+    if not bool(mask.any()):
+        return entropies.sum() * 0.0
+    return -entropy_coef * masked_mean(entropies, mask) / gradient_accumulation_steps
+
+def token_covariance(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each token's share of the covariance between its log-prob and its advantage (Cui et al., "The
+    Entropy Mechanism of Reinforcement Learning for Reasoning Language Models", arXiv 2505.22617;
+    eq-after-entropy-cov), (B, T), 0 outside ``mask``; no gradient:
+
+        Cov_t = (log π(o_t) − mean log π) · (A_t − mean A)      (means over the masked tokens)
+
+    Under a softmax policy the entropy changes, to first order, by minus the covariance of log π and the
+    advantage over the sampled tokens: confident tokens (high log π) with positive advantages make the
+    entropy fall. Clip-Cov and KL-Cov act on the few tokens with the largest Cov_t."""
+    if advantages.shape == logp.shape[:1]:
+        advantages = advantages[:, None].expand_as(logp)
+    _check_same_shape(logp=logp, advantages=advantages, mask=mask)
+    mask = mask.bool()
+    _check_finite("logp", logp, mask)
+    _check_finite("advantages", advantages, mask)
+    if not bool(mask.any()):
+        raise ValueError("the mask is all zero: there is no token to take a covariance over")
+    logp, advantages = logp.detach(), advantages.detach()
+    centred = (logp - masked_mean(logp, mask)) * (advantages - masked_mean(advantages, mask))
+    return torch.where(mask, centred, torch.zeros((), dtype=centred.dtype, device=centred.device))
+
+
+def clip_cov_mask(covariance: torch.Tensor, mask: torch.Tensor, clip_cov_ratio: float = 2e-4,
+                  clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0,
+                  already_clipped: torch.Tensor | None = None,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """Clip-Cov (eq-after-clip-cov): the tokens whose gradient is cut, (B, T) bool.
+
+    Among the masked tokens with ``clip_cov_lb`` < Cov_t < ``clip_cov_ub`` (:func:`token_covariance`) and not
+    already clipped by PPO's ratio clip (``already_clipped``), pick max(1, ⌊``clip_cov_ratio`` · n⌋) at
+    random (n: the masked tokens; ``generator`` for a reproducible draw). Their loss is multiplied by 0,
+    as verl does; the rest keep PPO-Clip's loss. Names and defaults as verl's ``policy_loss``
+    settings."""
+    if not 0.0 < clip_cov_ratio <= 1.0:
+        raise ValueError(f"clip_cov_ratio must be in (0, 1] (the share of tokens cut), got {clip_cov_ratio}")
+    if not clip_cov_lb < clip_cov_ub:
+        raise ValueError(f"need clip_cov_lb < clip_cov_ub, got {clip_cov_lb} and {clip_cov_ub}")
+    _check_same_shape(covariance=covariance, mask=mask)
+    mask = mask.bool()
+    candidates = mask & (covariance > clip_cov_lb) & (covariance < clip_cov_ub)
+    if already_clipped is not None:
+        _check_same_shape(covariance=covariance, already_clipped=already_clipped)
+        candidates = candidates & ~already_clipped.bool()
+    count = max(int(clip_cov_ratio * int(mask.sum())), 1)
+    where = candidates.flatten().nonzero().flatten()
+    chosen = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+    if len(where) > 0:
+        order = torch.randperm(len(where), generator=generator, device="cpu").to(where.device)
+        chosen[where[order[:count]]] = True
+    return chosen.view_as(mask)
+
+
+def kl_cov_mask(covariance: torch.Tensor, mask: torch.Tensor, kl_cov_ratio: float = 2e-4) -> torch.Tensor:
+    """KL-Cov (eq-after-kl-cov): the tokens that get a KL penalty, (B, T) bool: the
+    max(1, ⌊``kl_cov_ratio`` · n⌋) masked tokens with the largest Cov_t (:func:`token_covariance`). Their
+    loss becomes −ρ_t A_t + k·|log ρ_t| (``ppo_kl_coef`` k), the others' −ρ_t A_t, with no ratio clip, as
+    verl's ``kl_cov`` does."""
+    if not 0.0 < kl_cov_ratio <= 1.0:
+        raise ValueError(f"kl_cov_ratio must be in (0, 1] (the share of tokens penalised), got {kl_cov_ratio}")
+    _check_same_shape(covariance=covariance, mask=mask)
+    mask = mask.bool()
+    n = int(mask.sum())
+    if n == 0:
+        return torch.zeros_like(mask)
+    count = max(int(kl_cov_ratio * n), 1)
+    scores = torch.where(mask, covariance, torch.full((), -math.inf, dtype=covariance.dtype,
+                                                      device=covariance.device))
+    chosen = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+    chosen[scores.flatten().topk(count).indices] = True
+    return chosen.view_as(mask)
+
+
 def completion_token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``loss_type="grpo"`` (eq-grpo-objective): each completion's token mean, averaged over
     completions, mean_i Σ_t m ℓ / |o_i|. Every completion weighs the same, so a token of a long one
@@ -766,6 +910,14 @@ def policy_loss(
     importance_sampling_ratio: torch.Tensor | None = None,
     off_policy_mask_threshold: float | None = None,
     sampler_logp: torch.Tensor | None = None,
+    entropy_mask: torch.Tensor | None = None,
+    covariance_method: str | None = None,
+    clip_cov_ratio: float = 2e-4,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    kl_cov_ratio: float = 2e-4,
+    ppo_kl_coef: float = 1.0,
+    generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The family's objective (eq-family-surrogate) for one micro-batch: ratio, clipped surrogate,
     the in-loss KL, the response weights, the aggregation. Returns ``(loss, metrics)``.
@@ -795,10 +947,20 @@ def policy_loss(
       :func:`sampler_importance_weights`, multiplying each token's surrogate loss (not its KL
       term);
     - ``off_policy_mask_threshold``: :func:`off_policy_sequence_mask` against ``sampler_logp``
-      (default ``old_logp``), multiplying each token's surrogate loss likewise.
+      (default ``old_logp``), multiplying each token's surrogate loss likewise;
+    - ``entropy_mask`` (B, T) bool: :func:`high_entropy_mask` (TRL's ``top_entropy_quantile``), the
+      tokens that keep their surrogate loss.
 
-    In TRL's order: surrogate × off-policy mask × importance weight, + β·k3, then × response weight.
-    GMPO's per-row loss takes none of them.
+    In TRL's order: surrogate × off-policy mask × entropy mask × importance weight, + β·k3, then ×
+    response weight. GMPO's per-row loss takes none of them.
+
+    Beyond TRL, verl's covariance methods (``covariance_method``, with the PPO-Clip loss types at
+    token level), which choose tokens by :func:`token_covariance` within this micro-batch:
+
+    - ``"clip_cov"``: :func:`clip_cov_mask` (``clip_cov_ratio``, ``clip_cov_lb``, ``clip_cov_ub``, a
+      random draw from ``generator``) sets the chosen tokens' surrogate loss to 0;
+    - ``"kl_cov"``: the surrogate is the unclipped −ρA, and the tokens of :func:`kl_cov_mask`
+      (``kl_cov_ratio``) add ``ppo_kl_coef``·|log ρ|.
 
     The metrics are detached floats over the masked tokens, named as TRL names them:
     ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean`` (the tokens whose
@@ -807,7 +969,8 @@ def policy_loss(
     ``approx_kl`` (k3 estimate of KL(π_old ‖ π_θ), as CleanRL logs it), ``ratio/min``,
     ``ratio/max``, ``ratio/mean``; with ``delta``, ``clip_ratio/delta_mean`` (A < 0 and ρ > δ:
     the tokens δ stops); with the off-policy mask, ``off_policy_mask/masked_mean`` (the tokens it
-    drops).
+    drops); with the entropy mask, ``entropy_mask/kept_mean``; with a covariance method,
+    ``covariance/selected_mean`` (the tokens it cut or penalised).
     """
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
     _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_type,
@@ -815,6 +978,8 @@ def policy_loss(
                             gradient_accumulation_steps)
     _check_variant_args(logp, mask, loss_type, epsilon_high, delta, importance_sampling_ratio,
                         off_policy_mask_threshold, sampler_logp)
+    _check_entropy_args(logp, loss_type, importance_sampling_level, entropy_mask, covariance_method,
+                        ppo_kl_coef)
     mask = mask.bool()
     if advantages.shape == logp.shape[:1]:
         advantages = advantages[:, None].expand_as(logp)
@@ -851,11 +1016,25 @@ def policy_loss(
                                                      delta)
         if loss_type in ("cispo", "sapo"):  # no token's gradient is removed
             low = high = torch.zeros_like(mask)
+        if covariance_method is not None:
+            covariance = token_covariance(logp, advantages, mask)
+            if covariance_method == "clip_cov":
+                # the tokens whose clipped term is the larger loss: PPO's clip already holds them
+                clipped = (low | high) & mask
+                selected = clip_cov_mask(covariance, mask, clip_cov_ratio, clip_cov_lb, clip_cov_ub,
+                                         already_clipped=clipped, generator=generator)
+                per_token = per_token * (~selected).to(per_token.dtype)
+            else:
+                selected = kl_cov_mask(covariance, mask, kl_cov_ratio)
+                per_token = -ratio * advantages + ppo_kl_coef * log_rho.abs() * selected
+                low = high = torch.zeros_like(mask)
         if off_policy_mask_threshold is not None:
             behaviour = old_logp if sampler_logp is None else sampler_logp
             keep = off_policy_sequence_mask(logp, behaviour, advantages, mask,
                                             off_policy_mask_threshold)
             per_token = per_token * keep.to(per_token.dtype)
+        if entropy_mask is not None:
+            per_token = per_token * entropy_mask.to(per_token.dtype)
         if importance_sampling_ratio is not None:
             per_token = per_token * importance_sampling_ratio.detach()
         if beta > 0:
@@ -888,6 +1067,10 @@ def policy_loss(
             metrics["clip_ratio/delta_mean"] = masked_mean(stopped, mask).item()
         if keep is not None:
             metrics["off_policy_mask/masked_mean"] = masked_mean((~keep).float(), mask).item()
+        if entropy_mask is not None:
+            metrics["entropy_mask/kept_mean"] = masked_mean(entropy_mask.float(), mask).item()
+        if covariance_method is not None:
+            metrics["covariance/selected_mean"] = masked_mean(selected.float(), mask).item()
     return loss, metrics
 
 
@@ -924,6 +1107,26 @@ def _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_ty
             raise ValueError(f"response_weights must be (B,) = ({logp.shape[0]},), got {tuple(response_weights.shape)}")
         if not bool(torch.isfinite(response_weights).all()) or bool((response_weights < 0).any()):
             raise ValueError(f"response_weights must be finite and >= 0, got {response_weights.tolist()[:8]}")
+
+
+def _check_entropy_args(logp, loss_type, importance_sampling_level, entropy_mask, covariance_method,
+                        ppo_kl_coef) -> None:
+    """The arguments of the entropy methods (the high-entropy mask, Clip-Cov, KL-Cov)."""
+    if entropy_mask is not None:
+        if loss_type == "gmpo":
+            raise ValueError("entropy_mask keeps some tokens' losses; GMPO's loss is per row (use another loss_type)")
+        _check_same_shape(logp=logp, entropy_mask=entropy_mask)
+    if covariance_method is None:
+        return
+    if covariance_method not in COVARIANCE_METHODS:
+        raise ValueError(f"unknown covariance_method {covariance_method!r}; choose one of {COVARIANCE_METHODS} "
+                         f"or None")
+    if loss_type not in CLIPPED_LOSS_TYPES or importance_sampling_level != "token":
+        raise ValueError(f"covariance_method={covariance_method!r} changes PPO-Clip's token loss: it needs "
+                         f"loss_type in {CLIPPED_LOSS_TYPES} and importance_sampling_level='token', got "
+                         f"{loss_type!r} and {importance_sampling_level!r}")
+    if not (math.isfinite(ppo_kl_coef) and ppo_kl_coef >= 0):
+        raise ValueError(f"ppo_kl_coef must be a finite number >= 0, got {ppo_kl_coef}")
 
 
 def _check_variant_args(logp, mask, loss_type, epsilon_high, delta, importance_sampling_ratio,

@@ -31,6 +31,7 @@ from rlbook.objectives import (
     CLIPPED_LOSS_TYPES,
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
+    COVARIANCE_METHODS,
     SAPO_MIN_TEMPERATURE,
     VLLM_IMPORTANCE_SAMPLING_MODES,
 )
@@ -92,6 +93,27 @@ class RLConfig:
     # cap) and "sapo" (a sigmoid gate of temperature sapo_temperature_pos for A > 0, _neg otherwise; TRL's defaults)
     sapo_temperature_pos: float = 1.0
     sapo_temperature_neg: float = 1.05
+    # --- entropy (TRL's names): keep only the top_entropy_quantile share of tokens by the policy's entropy in the
+    # policy loss (the high-entropy minority, rlbook.objectives.high_entropy_mask; 1.0: all), and add
+    # -entropy_coef * mean token entropy to the loss (rlbook.objectives.entropy_bonus_loss). use_adaptive_entropy:
+    # Skywork-OR1's controller moves entropy_coef by entropy_coef_delta per step, up while the entropy is at or
+    # below entropy_target (then the bonus applies), down otherwise (rlbook.objectives.adaptive_entropy_coef)
+    top_entropy_quantile: float = 1.0
+    entropy_coef: float = 0.0
+    use_adaptive_entropy: bool = False
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
+    entropy_coef_delta: float = 0.005
+    entropy_target: float = 0.2
+    # verl's covariance methods (Cui et al.): "clip_cov" cuts the loss of a random clip_cov_ratio share of tokens
+    # whose covariance of log-prob and advantage lies in (clip_cov_lb, clip_cov_ub); "kl_cov" drops the clip and
+    # adds ppo_kl_coef * |log ratio| on the kl_cov_ratio share with the largest covariance; None: off
+    covariance_method: str | None = None
+    clip_cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 2e-4
+    ppo_kl_coef: float = 1.0
     # --- slot 4, the aggregation: a function of rlbook.objectives ("grpo", "bnpo", "dr_grpo", "dapo"; "gmpo", and
     # "cispo" and "sapo", which also name their surrogate and are aggregated as TRL does: like "dapo" and "grpo")
     loss_type: str = "dapo"
@@ -415,3 +437,41 @@ def _check_variants(c: RLConfig) -> None:
     if c.loss_type == "gmpo" and (c.vllm_importance_sampling_correction or c.off_policy_mask_threshold is not None):
         raise ValueError("vllm_importance_sampling_correction and off_policy_mask_threshold weigh token losses; "
                          "GMPO's loss is per completion (use another loss_type)")
+    _check_entropy_methods(c)
+
+
+def _check_entropy_methods(c: RLConfig) -> None:
+    """The high-entropy filter, the (adaptive) entropy bonus and the covariance methods."""
+    def number(name, ok=lambda v: True, says="a finite number"):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+            raise ValueError(f"{name} must be {says}, got {value!r}")
+
+    number("top_entropy_quantile", lambda v: 0 <= v <= 1, "in [0, 1] (the share of tokens kept; 1.0: all)")
+    number("entropy_coef")
+    for name in ("entropy_target", "entropy_coef_min", "entropy_coef_max", "ppo_kl_coef"):
+        number(name, lambda v: v >= 0, "a finite number >= 0")
+    number("entropy_coef_delta", lambda v: v > 0, "a finite number > 0")
+    if not isinstance(c.use_adaptive_entropy, bool):
+        raise ValueError(f"use_adaptive_entropy must be True or False, got {c.use_adaptive_entropy!r}")
+    if c.use_adaptive_entropy and not c.entropy_coef_min <= c.entropy_coef <= c.entropy_coef_max:
+        raise ValueError(f"use_adaptive_entropy starts from entropy_coef, which must lie in [entropy_coef_min, "
+                         f"entropy_coef_max] = [{c.entropy_coef_min}, {c.entropy_coef_max}], got {c.entropy_coef}")
+    if c.loss_type == "gmpo" and (c.top_entropy_quantile < 1.0 or c.covariance_method is not None):
+        raise ValueError("top_entropy_quantile and covariance_method choose token losses; GMPO's loss is per "
+                         "completion (use another loss_type)")
+    if c.covariance_method is None:
+        return
+    if c.covariance_method not in COVARIANCE_METHODS:
+        raise ValueError(f"unknown covariance_method {c.covariance_method!r}; choose one of {COVARIANCE_METHODS} "
+                         f"or None")
+    if c.loss_type not in CLIPPED_LOSS_TYPES or c.importance_sampling_level != "token":
+        raise ValueError(f"covariance_method={c.covariance_method!r} changes PPO-Clip's token loss: it needs "
+                         f"loss_type in {CLIPPED_LOSS_TYPES} and importance_sampling_level='token', got "
+                         f"{c.loss_type!r} and {c.importance_sampling_level!r}")
+    for name in ("clip_cov_ratio", "kl_cov_ratio"):
+        number(name, lambda v: 0 < v <= 1, "in (0, 1] (a share of the tokens)")
+    number("clip_cov_lb")
+    number("clip_cov_ub")
+    if not c.clip_cov_lb < c.clip_cov_ub:
+        raise ValueError(f"clip_cov_lb ({c.clip_cov_lb}) must be below clip_cov_ub ({c.clip_cov_ub})")

@@ -501,9 +501,12 @@ def sequence_logprobs(
     completion_mask: torch.Tensor,
     temperature: float = 1.0,
     chunk_size: int | None = None,
-) -> torch.Tensor:
+    with_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs of the completions in ``input_ids``, shape (B, T) float32, 0 where the
-    mask is 0.
+    mask is 0; with ``with_entropy`` also the entropy (nats) of each whole next-token distribution
+    softmax(z / temperature), (B, T), as ``(logp, entropy)``, differentiable too (an entropy bonus
+    needs its gradient).
 
     ``input_ids`` (B, L) holds prompt then completion (e.g. :attr:`RolloutBatch.input_ids`),
     ``attention_mask`` (B, L) marks real tokens, and ``completion_mask`` (B, T) says which of the
@@ -567,26 +570,34 @@ def sequence_logprobs(
     for start in range(0, len(targets), chunk_size):
         h, y = hidden[start : start + chunk_size], targets[start : start + chunk_size]
         if torch.is_grad_enabled() and h.requires_grad:
-            pieces.append(checkpoint(_token_logprobs, head, h, y, temperature, use_reentrant=False))
+            pieces.append(checkpoint(_token_logprobs, head, h, y, temperature, with_entropy,
+                                     use_reentrant=False))
         else:
-            pieces.append(_token_logprobs(head, h, y, temperature))
-    values = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+            pieces.append(_token_logprobs(head, h, y, temperature, with_entropy))
+    columns = 2 if with_entropy else 1  # each piece: (n, columns), log-prob then entropy
+    values = torch.cat(pieces) if pieces else hidden.new_zeros((0, columns), dtype=torch.float32)
     # Scatter back into (B, T); masked_scatter is differentiable with respect to `values`.
-    return torch.zeros((B, T), dtype=torch.float32,
-                       device=input_ids.device).masked_scatter(scored, values)
+    outputs = tuple(torch.zeros((B, T), dtype=torch.float32, device=input_ids.device)
+                    .masked_scatter(scored, values[:, k]) for k in range(columns))
+    return outputs if with_entropy else outputs[0]
 
 
 _LOGITS_PER_CHUNK = 2**26  # float32 logits per chunk in sequence_logprobs by default: 256 MiB
 
 
 def _token_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
-                    temperature: float):
-    """(n, H) hidden states, (n,) targets -> (n,) float32
-    ``log softmax(head(hidden) / temperature)[targets]``."""
+                    temperature: float, with_entropy: bool = False):
+    """(n, H) hidden states, (n,) targets -> (n, 1) float32
+    ``log softmax(head(hidden) / temperature)[targets]``; (n, 2) with the distribution's entropy
+    beside it when ``with_entropy``."""
     logits = head(hidden).float() / temperature  # (n, V) float32
+    normaliser = logits.logsumexp(-1)
     # gather - logsumexp gives the same number as log_softmax(...).gather(...) without a second
     # (n, V) tensor.
-    return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - normaliser
+    if not with_entropy:
+        return logp[:, None]
+    return torch.stack([logp, entropy_from_log_probs(logits - normaliser[:, None])], dim=-1)
 
 
 def _filter_top_k_top_p(scores: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:

@@ -49,7 +49,10 @@ from rlbook.lm.moe import expert_choices, is_moe, replay_routes, routers
 from rlbook.lm.value import build_value_model, token_values
 from rlbook.metrics import explained_variance, rollout_metrics
 from rlbook.objectives import (
+    adaptive_entropy_coef,
     adaptive_kl_coef,
+    entropy_bonus_loss,
+    high_entropy_mask,
     kl_estimate,
     lambda_grpo_weights,
     masked_mean,
@@ -134,6 +137,12 @@ class Trainer:
                                             "lr": config.lambda_grpo_learning_rate,
                                             "name": "lambda"})
         self.kl_coef = config.beta  # moves when adaptive_kl_target is set
+        # the entropy bonus's coefficient (moves when use_adaptive_entropy), and the mean token
+        # entropy of the last optimizer step, which decides whether the adaptive bonus applies
+        # (inf: not before the first step)
+        self.entropy_coef, self.last_entropy = config.entropy_coef, float("inf")
+        self._entropy_window = [0.0, 0.0]  # this optimizer step's entropy sum and token count
+        self._covariance_generator = None  # Clip-Cov's draw, seeded per step in update()
         logger = [MetricsLogger(log_file)] if log_file and self.world.is_main else []
         self.callbacks = list(callbacks) + logger
         self.value_pretrain_history: list[dict] = []
@@ -445,6 +454,9 @@ class Trainer:
         B, first, B_local = offsets[-1], offsets[world.rank], scored.mask.shape[0]
         micro, accumulate = config.per_device_train_batch_size, config.gradient_accumulation_steps
         generator = torch.Generator().manual_seed(_seed(config.seed, self.step))
+        # Clip-Cov's random draw: its own stream (round 10**6 is no generation round's)
+        self._covariance_generator = torch.Generator().manual_seed(
+            _seed(config.seed, self.step, 10**6))
         sums: dict[str, list[float]] = {}
         models = [m for m in (self.policy, self.value_model) if m is not None]
         for model in models:
@@ -490,6 +502,10 @@ class Trainer:
                     sums.setdefault("grad_norm", []).append(grad_norm.item())
                     self.optimizer.step()
                     optimizer_steps += 1
+                if self._entropy_bonus_on and not value_only:
+                    self._end_entropy_window()
+                    # logged after the update, as TRL does
+                    sums.setdefault("entropy_coef", []).append(self.entropy_coef)
                 if (config.early_stop_kl is not None and step_kl
                         and np.mean(step_kl) > 1.5 * config.early_stop_kl):
                     stopped = True  # the policy has moved far enough from the one that sampled
@@ -506,6 +522,27 @@ class Trainer:
         if config.early_stop_kl is not None:
             reduced["early_stopped"] = float(stopped)
         return reduced
+
+    @property
+    def _entropy_bonus_on(self) -> bool:
+        return self.config.entropy_coef != 0.0 or self.config.use_adaptive_entropy
+
+    def _end_entropy_window(self) -> None:
+        """At an optimizer step's end: the step's mean token entropy (over every process) and, with
+        ``use_adaptive_entropy``, the next step's coefficient (:func:`rlbook.objectives.adaptive_entropy_coef`)."""
+        config = self.config
+        window = torch.tensor(self._entropy_window, dtype=torch.float64, device=self.device)
+        if self.world.distributed:
+            window = all_reduce_sum(window, self.world)
+        self._entropy_window = [0.0, 0.0]
+        if window[1] == 0:
+            return
+        self.last_entropy = float(window[0] / window[1])
+        if config.use_adaptive_entropy:
+            self.entropy_coef = adaptive_entropy_coef(
+                self.entropy_coef, self.last_entropy, entropy_target=config.entropy_target,
+                entropy_coef_delta=config.entropy_coef_delta, entropy_coef_min=config.entropy_coef_min,
+                entropy_coef_max=config.entropy_coef_max)
 
     def _check_finite(self, source: str, x: torch.Tensor) -> None:
         """Refuse a non-finite loss, log-prob or gradient norm before it reaches the optimizer (so
@@ -557,12 +594,17 @@ class Trainer:
         metrics, loss = {}, torch.zeros((), device=self.device)
         # no policy loss when every completion here was filtered out
         with_policy = not value_only and bool(loss_mask.any())
+        with_entropy = with_policy and (config.top_entropy_quantile < 1.0 or self._entropy_bonus_on)
         with autocast(self.device):
             routes = None if scored.routes is None else scored.routes[:, rows]
-            logp, values = self._learner(input_ids, attention_mask, mask, config.temperature,
-                                         with_policy=with_policy, routes=routes)
+            logp, values, entropies = self._learner(
+                input_ids, attention_mask, mask, config.temperature, with_policy=with_policy,
+                routes=routes, with_entropy=with_entropy)
             if with_policy:
                 self._check_finite("the policy's log-probs (logp)", logp[loss_mask.bool()])
+                # the high-entropy minority: the tokens that keep their policy loss
+                entropy_mask = (high_entropy_mask(entropies, loss_mask, config.top_entropy_quantile)
+                                if config.top_entropy_quantile < 1.0 else None)
                 kl_in_loss = self.kl_coef if config.kl_placement == "loss" else 0.0
                 weights = None
                 # λ-GRPO: the weights of whole groups, then these rows'
@@ -585,6 +627,10 @@ class Trainer:
                     off_policy_mask_threshold=config.off_policy_mask_threshold,
                     sampler_logp=(scored.sampler_logp[rows]
                                   if config.off_policy_mask_threshold is not None else None),
+                    entropy_mask=entropy_mask, covariance_method=config.covariance_method,
+                    clip_cov_ratio=config.clip_cov_ratio, clip_cov_lb=config.clip_cov_lb,
+                    clip_cov_ub=config.clip_cov_ub, kl_cov_ratio=config.kl_cov_ratio,
+                    ppo_kl_coef=config.ppo_kl_coef, generator=self._covariance_generator,
                 )
                 self._check_finite("the policy loss", loss)
                 metrics["loss/policy"] = loss.item()
@@ -595,6 +641,14 @@ class Trainer:
                         loss = loss * global_share(loss_mask.sum(), counts[1], world)
                     else:  # a mean over completions
                         loss = loss * global_share(len(rows), counts[0], world)
+                if self._entropy_bonus_on:  # over the tokens the policy loss uses, as TRL
+                    tokens = loss_mask.bool() if entropy_mask is None else entropy_mask
+                    adaptive = config.use_adaptive_entropy
+                    applied = (self.entropy_coef if not adaptive
+                               or self.last_entropy <= config.entropy_target else 0.0)
+                    loss = loss + entropy_bonus_loss(entropies, tokens, applied, accumulate)
+                    self._entropy_window[0] += float((entropies.detach() * tokens).sum())
+                    self._entropy_window[1] += float(tokens.sum())
                 nll = (positive_example_nll(logp, loss_mask, scored.correct[rows])
                        if config.nll_coef > 0 else None)
                 if nll is not None:  # VAPO: imitate the correct completions too
@@ -663,6 +717,8 @@ class Trainer:
             "step": self.step,
             "history": self.history,
             "kl_coef": self.kl_coef,
+            "entropy_coef": self.entropy_coef,
+            "last_entropy": self.last_entropy,
             "response_weight_lambda": None if self.response_weight_lambda is None
             else self.response_weight_lambda.detach().clone(),
             "value_pretrain_history": self.value_pretrain_history,
@@ -691,6 +747,9 @@ class Trainer:
                 self.response_weight_lambda.copy_(state["response_weight_lambda"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.history, self.kl_coef = state["step"], state["history"], state["kl_coef"]
+        # checkpoints written before the entropy bonus existed had none
+        self.entropy_coef = state.get("entropy_coef", self.config.entropy_coef)
+        self.last_entropy = state.get("last_entropy", float("inf"))
         self.value_pretrain_history = state["value_pretrain_history"]
         return self
 
@@ -725,23 +784,27 @@ def _seed(seed: int, step: int, round_: int = 0, rank: int = 0) -> int:
 
 class _Learner(torch.nn.Module):
     """The models the update trains, as one module whose forward gives a micro-batch's log-probs (when
-    ``with_policy``) and values (when there is a value model): what ``DistributedDataParallel`` wraps, since
+    ``with_policy``), values (when there is a value model) and token entropies (when ``with_entropy``): what ``DistributedDataParallel`` wraps, since
     it synchronises the gradients of what ran through its forward."""
 
     def __init__(self, policy, value_model=None):
         super().__init__()
         self.policy, self.value_model = policy, value_model
 
-    def forward(self, input_ids, attention_mask, mask, temperature, *, with_policy=True, routes=None):
-        logp = values = None
+    def forward(self, input_ids, attention_mask, mask, temperature, *, with_policy=True, routes=None,
+                with_entropy=False):
+        logp = values = entropies = None
         if with_policy:
             # Routing Replay: pi_theta's log-probs on the routes pi_old took
             replay = replay_routes(self.policy, routes) if routes is not None else contextlib.nullcontext()
             with replay:
-                logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask, temperature=temperature)
+                logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask, temperature=temperature,
+                                         with_entropy=with_entropy)
+            if with_entropy:
+                logp, entropies = logp
         if self.value_model is not None:
             values = token_values(self.value_model, input_ids, attention_mask, mask)
-        return logp, values
+        return logp, values, entropies
 
 
 def _rows_of_rank(estimate, offsets: list[int], rank: int, width: int):

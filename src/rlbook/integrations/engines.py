@@ -156,6 +156,11 @@ def _common_missing(c: RLConfig) -> dict[str, str]:
     if c.off_policy_mask_threshold is not None:
         missing["off_policy_mask_threshold"] = ("the book does not map off-policy sequence masking to this engine's "
                                                 "options")
+    for name, changed in (("top_entropy_quantile", c.top_entropy_quantile < 1.0),
+                          ("entropy_coef", c.entropy_coef != 0.0 or c.use_adaptive_entropy),
+                          ("covariance_method", c.covariance_method is not None)):
+        if changed:  # verl has an entropy coefficient and Clip-Cov/KL-Cov; the book does not translate them yet
+            missing[name] = "the book does not map this entropy method to this engine's options"
     return missing
 
 

@@ -58,12 +58,13 @@ The others map: ``"grpo"``, ``"trl_grpo"``, ``"dr_grpo"``, ``"reinforce_baseline
 So do TRL 1.16's variants under their TRL names: ``loss_type="cispo"`` and ``"sapo"`` (with
 ``sapo_temperature_pos``/``_neg``), ``delta``, ``off_policy_mask_threshold`` and the
 ``vllm_importance_sampling_*`` correction (which TRL applies only when vLLM samples, ``use_vllm=True``; the
-book's sampler plays vLLM's part).
+book's sampler plays vLLM's part), and the entropy methods ``top_entropy_quantile``, ``entropy_coef`` and
+``use_adaptive_entropy`` (with ``entropy_coef_min``/``_max``/``_delta`` and ``entropy_target``).
 
 Nor these settings, in any config: ``kl_placement="reward"`` with ``beta > 0`` (TRL puts the k3 KL in the loss),
 ``adaptive_kl_target``, ``early_stop_kl``, ``importance_sampling_level="sequence_token"``, ``routing_replay``,
 ``router_learning_rate``, ``sampler_temperature``, ``old_logprobs="sampler"``, ``nll_coef``,
-``nonfinite_rewards="skip_group"``.
+``nonfinite_rewards="skip_group"``, ``covariance_method`` (verl's Clip-Cov and KL-Cov).
 """
 
 from __future__ import annotations
@@ -133,6 +134,9 @@ def unsupported(config: RLConfig | str) -> list[str]:
         reasons.append("nonfinite_rewards='skip_group': TRL does not drop the groups that hold a non-finite reward")
     if c.nll_coef > 0 and c.advantage_estimator != "vapo":
         reasons.append("nll_coef: TRL's GRPOTrainer has no NLL term on correct completions")
+    if c.covariance_method is not None:
+        reasons.append(f"covariance_method={c.covariance_method!r}: TRL has no Clip-Cov or KL-Cov (verl's "
+                       f"policy-loss modes)")
     return reasons
 
 
@@ -215,6 +219,15 @@ def grpo_kwargs(config: RLConfig | str, *, num_processes: int = 1, strict: bool 
                       vllm_importance_sampling_clip_max=c.vllm_importance_sampling_clip_max)
     if c.off_policy_mask_threshold is not None:
         kwargs["off_policy_mask_threshold"] = c.off_policy_mask_threshold
+    # the entropy methods TRL has, under TRL's names, only where set
+    if c.top_entropy_quantile < 1.0:
+        kwargs["top_entropy_quantile"] = c.top_entropy_quantile
+    if c.entropy_coef != 0.0 or c.use_adaptive_entropy:
+        kwargs["entropy_coef"] = c.entropy_coef
+    if c.use_adaptive_entropy:
+        kwargs.update(use_adaptive_entropy=True, entropy_coef_min=c.entropy_coef_min,
+                      entropy_coef_max=c.entropy_coef_max, entropy_coef_delta=c.entropy_coef_delta,
+                      entropy_target=c.entropy_target)
     return kwargs
 
 
