@@ -190,6 +190,41 @@ ORGANISMS: dict[str, Organism] = {
               "grpo_wide": Arm("grpo", beta=0.0, epsilon=0.33, epsilon_high=0.49)},
         metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=25,
     ),
+    # After the note (issue 41): the same mismatch as outlier_ratios (a sampler at temperature 1.3, the learner at 1,
+    # four updates per rollout, the ratio dividing by the sampler's log-probs), and the corrections practitioners
+    # use for it, each at the value its paper or TRL gives (not tuned here): recompute pi_old with the learner and
+    # weigh by pi_old / pi_sampler, truncated (TIS, Yao et al.: C = 2) or masked (MIS, TRL's default: sequence
+    # level, C_max = 3; IcePop's token band [0.5, 5]); DeepSeek-V3.2's off-policy sequence mask (TRL's example
+    # delta 0.5); and two surrogates that bound an outlier ratio's pull, CISPO (ScaleRL's cap 5) and SAPO (TRL's
+    # temperatures), on the sampler's ratios as the baseline. grpo_recompute is the control: pi_old recomputed,
+    # no weight, so the corrections' own share is each minus it.
+    "sampler_mismatch": Organism(
+        name="sampler_mismatch",
+        description="2-digit sums, a sampler at temperature 1.3 and the learner at 1, four updates per rollout: the "
+                    "sampler-mismatch corrections against GRPO dividing by the sampler's log-probs",
+        policy="arithmetic",
+        task_kwargs={"incorrect_reward": -1.0},
+        settings=dict(learning_rate=3e-4, max_steps=200, num_iterations=4, per_device_train_batch_size=64,
+                      sampler_temperature=1.3, old_logprobs="sampler"),
+        arms={"grpo": Arm("grpo", beta=0.0),
+              "grpo_recompute": Arm("grpo", beta=0.0, old_logprobs="learner"),
+              "tis_token": Arm("grpo", beta=0.0, old_logprobs="learner", vllm_importance_sampling_correction=True,
+                               vllm_importance_sampling_mode="token_truncate",
+                               vllm_importance_sampling_clip_max=2.0),
+              "mis_sequence": Arm("grpo", beta=0.0, old_logprobs="learner",
+                                  vllm_importance_sampling_correction=True,
+                                  vllm_importance_sampling_mode="sequence_mask",
+                                  vllm_importance_sampling_clip_max=3.0),
+              "icepop": Arm("grpo", beta=0.0, old_logprobs="learner", vllm_importance_sampling_correction=True,
+                            vllm_importance_sampling_mode="token_mask", vllm_importance_sampling_clip_min=0.5,
+                            vllm_importance_sampling_clip_max=5.0),
+              "off_policy_mask": Arm("grpo", beta=0.0, old_logprobs="learner", off_policy_mask_threshold=0.5),
+              "cispo": Arm("grpo", beta=0.0, loss_type="cispo", epsilon_high=5.0),
+              "sapo": Arm("grpo", beta=0.0, loss_type="sapo"),
+              # added after the pilot, as a reference: no mismatch at all (the sampler at the learner's temperature)
+              "grpo_matched": Arm("grpo", beta=0.0, sampler_temperature=None, old_logprobs="learner")},
+        metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=25,
+    ),
     # GSPO's routing drift: a mixture of experts (16 a layer, 2 per token, no load-balancing loss) whose routers learn
     # ten times faster than the rest, eight updates per rollout (4 minibatches, 2 passes), ~40-token answers: each
     # step's updates re-route well over 10 % of the completion tokens (moe/route_changed), so a token's ratio can
