@@ -536,55 +536,60 @@ def cispo_surrogate(
     ratio: torch.Tensor, advantages: torch.Tensor, logp: torch.Tensor, max_weight: float,
     min_weight: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """CISPO's per-token loss (MiniMax-M1, arXiv 2506.13585; eq-after-cispo), all (B, T): the importance
-    weight is clipped *and its gradient stopped*, then multiplies the advantage and log π_θ:
+    """CISPO's per-token loss (MiniMax-M1, arXiv 2506.13585; eq-after-cispo), all (B, T): the
+    importance weight is clipped *and its gradient stopped*, then multiplies the advantage and log
+    π_θ:
 
         ŵ_t = sg(clip(ρ_t, min_weight, max_weight)),    ℓ_t = −ŵ_t · A_t · log π_θ(o_t)
 
-    so ∇ℓ_t = −ŵ_t A_t ∇log π_θ(o_t). No token's gradient is ever removed (PPO-Clip's is, for a token whose
-    ratio left the range on the side its advantage pushes): CISPO only bounds its weight. At ρ = 1 the
-    gradient is REINFORCE's, −A ∇log π. The loss's value is a weighted log-likelihood, not PPO's
-    surrogate; only its gradient means something.
+    so ∇ℓ_t = −ŵ_t A_t ∇log π_θ(o_t). No token's gradient is ever removed (PPO-Clip's is, for a
+    token whose ratio left the range on the side its advantage pushes): CISPO only bounds its
+    weight. At ρ = 1 the gradient is REINFORCE's, −A ∇log π. The loss's value is a weighted
+    log-likelihood, not PPO's surrogate; only its gradient means something.
 
-    MiniMax-M1 writes the range [1 − ε_low^IS, 1 + ε_high^IS] and sets ε_low^IS large (no lower bound).
-    TRL's ``loss_type="cispo"`` (:func:`policy_loss`) caps the weight at ``epsilon_high`` itself, not
-    1 + ``epsilon_high`` (ScaleRL's ε_max, 5.0 there), with no lower bound: ``max_weight=epsilon_high``,
-    ``min_weight=None``.
+    MiniMax-M1 writes the range [1 − ε_low^IS, 1 + ε_high^IS] and sets ε_low^IS large (no lower
+    bound). TRL's ``loss_type="cispo"`` (:func:`policy_loss`) caps the weight at ``epsilon_high``
+    itself, not 1 + ``epsilon_high`` (ScaleRL's ε_max, 5.0 there), with no lower bound:
+    ``max_weight=epsilon_high``, ``min_weight=None``.
 
-    Returns ``(loss, low, high)``: where the weight was capped, ``low`` = ρ < ``min_weight``, ``high`` =
-    ρ > ``max_weight`` (whatever the advantage's sign; TRL's ``cispo_clip_ratio`` counts ``high`` with
-    A > 0)."""
+    Returns ``(loss, low, high)``: where the weight was capped, ``low`` = ρ < ``min_weight``,
+    ``high`` = ρ > ``max_weight`` (whatever the advantage's sign; TRL's ``cispo_clip_ratio`` counts
+    ``high`` with A > 0)."""
     if not (math.isfinite(max_weight) and max_weight > 0):
-        raise ValueError(f"max_weight (the cap on CISPO's importance weight) must be a positive finite number, "
-                         f"got {max_weight}")
+        raise ValueError(f"max_weight (the cap on CISPO's importance weight) must be a positive "
+                         f"finite number, got {max_weight}")
     if min_weight is not None and not (math.isfinite(min_weight) and 0 <= min_weight < max_weight):
-        raise ValueError(f"min_weight must be None or a number in [0, max_weight = {max_weight}), got {min_weight}")
+        raise ValueError(f"min_weight must be None or a number in [0, max_weight = {max_weight}), "
+                         f"got {min_weight}")
     _check_same_shape(ratio=ratio, advantages=advantages, logp=logp)
     weight = torch.clamp(ratio.detach(), min=min_weight, max=max_weight)
     loss = -weight * advantages * logp
-    low = ratio < min_weight if min_weight is not None else torch.zeros_like(ratio, dtype=torch.bool)
+    low = (ratio < min_weight if min_weight is not None
+           else torch.zeros_like(ratio, dtype=torch.bool))
     high = ratio > max_weight
     return loss, low, high
 
 
 def sapo_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, temperature_pos: float = 1.0,
                    temperature_neg: float = 1.05) -> torch.Tensor:
-    """SAPO's per-token loss (Soft Adaptive Policy Optimization, arXiv 2511.20347; eq-after-sapo), (B, T): a
-    smooth, temperature-controlled gate on the ratio in place of a hard clip. As TRL 1.16 computes it,
+    """SAPO's per-token loss (Soft Adaptive Policy Optimization, arXiv 2511.20347; eq-after-sapo),
+    (B, T): a smooth, temperature-controlled gate on the ratio in place of a hard clip. As TRL 1.16
+    computes it,
 
         τ_t = τ_pos if A_t > 0 else τ_neg
         f(ρ) = (4 / τ) · σ(τ (ρ − 1)),    ℓ_t = −f(ρ_t) · A_t
 
-    (σ the logistic function). Its gradient in ρ is −4σ(1 − σ)·A = −sech²(τ(ρ − 1)/2)·A: exactly PPO's
-    −A at ρ = 1, and falling smoothly towards 0 as ρ leaves 1 on either side, faster for a larger τ.
-    Unlike a clip, no ratio has exactly zero gradient and none keeps the full one far from 1 (on-policy
-    tokens learn at full strength, far off-policy ones are attenuated, not cut). τ_neg > τ_pos (TRL's
-    defaults: 1.0 and 1.05; TRL's names ``sapo_temperature_pos`` and ``_neg``) damps negative-advantage
-    tokens sooner, the less stable ones in the paper's account."""
+    (σ the logistic function). Its gradient in ρ is −4σ(1 − σ)·A = −sech²(τ(ρ − 1)/2)·A: exactly
+    PPO's −A at ρ = 1, and falling smoothly towards 0 as ρ leaves 1 on either side, faster for a
+    larger τ. Unlike a clip, no ratio has exactly zero gradient and none keeps the full one far from
+    1 (on-policy tokens learn at full strength, far off-policy ones are attenuated, not cut).
+    τ_neg > τ_pos (TRL's defaults: 1.0 and 1.05; TRL's names ``sapo_temperature_pos`` and ``_neg``)
+    damps negative-advantage tokens sooner, the less stable ones in the paper's account."""
     for name, value in (("temperature_pos", temperature_pos), ("temperature_neg", temperature_neg)):
         if not (math.isfinite(value) and value >= SAPO_MIN_TEMPERATURE):
-            raise ValueError(f"SAPO's {name} must be a positive finite number (at least {SAPO_MIN_TEMPERATURE}: "
-                             f"the gate's 4 / temperature overflows below), got {value}")
+            raise ValueError(f"SAPO's {name} must be a positive finite number (at least "
+                             f"{SAPO_MIN_TEMPERATURE}: the gate's 4 / temperature overflows "
+                             f"below), got {value}")
     _check_same_shape(ratio=ratio, advantages=advantages)
     temperature = torch.where(advantages > 0, torch.full_like(ratio, temperature_pos),
                               torch.full_like(ratio, temperature_neg))
@@ -593,45 +598,51 @@ def sapo_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, temperature_po
 
 
 def sampler_importance_weights(
-    old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, mode: str = "sequence_mask",
-    clip_min: float | None = None, clip_max: float = 3.0,
+    old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
+    mode: str = "sequence_mask", clip_min: float | None = None, clip_max: float = 3.0,
 ) -> torch.Tensor:
     """The per-token weight that corrects the policy loss for the sampler–learner mismatch
     (eq-after-sampler-is), (B, T), 0 outside ``mask``; plain numbers, no gradient.
 
-    An inference engine (vLLM, SGLang; here the rollout's sampler, see ``RLConfig.sampler_temperature``)
-    draws the tokens, and its log-probs ``sampler_logp`` differ from the learner's ``old_logp`` for the same
-    tokens (other kernels, precision, temperature): the samples are slightly off-policy before any update.
-    Importance sampling reweights them from π_sampler to π_old:
+    An inference engine (vLLM, SGLang; here the rollout's sampler, see
+    ``RLConfig.sampler_temperature``) draws the tokens, and its log-probs ``sampler_logp`` differ
+    from the learner's ``old_logp`` for the same tokens (other kernels, precision, temperature): the
+    samples are slightly off-policy before any update. Importance sampling reweights them from
+    π_sampler to π_old:
 
         token level:     r_t = π_old(o_t) / π_sampler(o_t) = exp(old_logp_t − sampler_logp_t)
-        sequence level:  r_i = Π_t r_t = exp(Σ_t m (old_logp − sampler_logp)), at every token of row i
+        sequence level:  r_i = Π_t r_t = exp(Σ_t m (old_logp − sampler_logp)), at each token of i
 
-    (the product over the completion's tokens, its likelihood ratio, not GSPO's geometric mean). ``mode``
-    (TRL's ``vllm_importance_sampling_mode``: level × what happens outside [C_min, C_max] =
+    (the product over the completion's tokens, its likelihood ratio, not GSPO's geometric mean).
+    ``mode`` (TRL's ``vllm_importance_sampling_mode``: level × what happens outside [C_min, C_max] =
     [``clip_min``, ``clip_max``]):
 
         "token_truncate", "sequence_truncate":  w = clip(r, C_min, C_max)       (truncated IS, TIS)
         "token_mask", "sequence_mask":          w = r · 1[C_min ≤ r ≤ C_max]    (masked IS, MIS)
 
-    Truncation keeps every sample with a bounded weight (bias for bounded variance); masking drops the
-    tokens or completions the sampler got too wrong. IcePop (Ring-1T; eq-after-icepop) is ``"token_mask"``
-    with its band [α, β] as [``clip_min``, ``clip_max``]: a token whose learner/sampler probability ratio lies
-    outside the band leaves the gradient, one inside keeps its weight r_t.
+    Truncation keeps every sample with a bounded weight (bias for bounded variance); masking drops
+    the tokens or completions the sampler got too wrong. IcePop (Ring-1T; eq-after-icepop) is
+    ``"token_mask"`` with its band [α, β] as [``clip_min``, ``clip_max``]: a token whose
+    learner/sampler probability ratio lies outside the band leaves the gradient, one inside keeps
+    its weight r_t.
 
     The weight multiplies the per-token policy loss, not the KL term (``policy_loss(...,
-    importance_sampling_ratio=w)``), as TRL does. ``clip_min`` None is no lower bound; ``clip_max`` must be
-    finite (TRL also allows None in the mask modes, which leaves the weight unbounded above).
+    importance_sampling_ratio=w)``), as TRL does. ``clip_min`` None is no lower bound; ``clip_max``
+    must be finite (TRL also allows None in the mask modes, which leaves the weight unbounded
+    above).
     """
     if mode not in VLLM_IMPORTANCE_SAMPLING_MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {VLLM_IMPORTANCE_SAMPLING_MODES}")
     if clip_max is None or not (math.isfinite(clip_max) and clip_max > 0):
-        raise ValueError(f"clip_max must be a positive finite number (the largest weight kept), got {clip_max}")
+        raise ValueError(f"clip_max must be a positive finite number (the largest weight kept), "
+                         f"got {clip_max}")
     if clip_min is not None and not (math.isfinite(clip_min) and 0 <= clip_min < clip_max):
-        raise ValueError(f"clip_min must be None or a number in [0, clip_max = {clip_max}), got {clip_min}")
+        raise ValueError(f"clip_min must be None or a number in [0, clip_max = {clip_max}), "
+                         f"got {clip_min}")
     _check_same_shape(old_logp=old_logp, sampler_logp=sampler_logp, mask=mask)
     if old_logp.dim() != 2:
-        raise ValueError(f"old_logp, sampler_logp and mask must be (B, T), got shape {tuple(old_logp.shape)}")
+        raise ValueError(f"old_logp, sampler_logp and mask must be (B, T), got shape "
+                         f"{tuple(old_logp.shape)}")
     mask = mask.bool()
     _check_finite("old_logp", old_logp, mask)
     _check_finite("sampler_logp", sampler_logp, mask)
@@ -652,32 +663,35 @@ def off_policy_sequence_mask(
     logp: torch.Tensor, sampler_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
     threshold: float,
 ) -> torch.Tensor:
-    """DeepSeek-V3.2's off-policy sequence masking (TRL's ``off_policy_mask_threshold``, the paper's δ;
-    eq-after-opsm): which tokens keep their loss, (B, T) bool, False outside ``mask``.
+    """DeepSeek-V3.2's off-policy sequence masking (TRL's ``off_policy_mask_threshold``, the paper's
+    δ; eq-after-opsm): which tokens keep their loss, (B, T) bool, False outside ``mask``.
 
-        KL_i = Σ_t m (sampler_logp_t − sg(logp_t)) / |o_i|     (k1 estimate of KL(π_sampler ‖ π_θ), row i)
+        KL_i = Σ_t m (sampler_logp_t − sg(logp_t)) / |o_i|   (k1 estimate of KL(π_sampler ‖ π_θ))
         keep_{i,t} = A_{i,t} ≥ 0  or  KL_i ≤ δ
 
-    A completion with a negative advantage that the current policy has drifted far from (by the updates
-    since it was sampled, and by the sampler's own mismatch) is dropped from the loss: pushing down tokens
-    the policy would no longer sample is what destabilises training, the paper argues. Positive-advantage
-    completions always stay. ``advantages`` (B,) or (B, T); ``sampler_logp`` the behaviour policy's
-    log-probs (TRL: the inference engine's when vLLM sampled, π_old's otherwise)."""
+    A completion with a negative advantage that the current policy has drifted far from (by the
+    updates since it was sampled, and by the sampler's own mismatch) is dropped from the loss:
+    pushing down tokens the policy would no longer sample is what destabilises training, the paper
+    argues. Positive-advantage completions always stay. ``advantages`` (B,) or (B, T);
+    ``sampler_logp`` the behaviour policy's log-probs (TRL: the inference engine's when vLLM
+    sampled, π_old's otherwise)."""
     if not (math.isfinite(threshold) and threshold >= 0):
-        raise ValueError(f"threshold (off_policy_mask_threshold, DeepSeek-V3.2's delta) must be a finite "
-                         f"number >= 0, got {threshold}")
+        raise ValueError(f"threshold (off_policy_mask_threshold, DeepSeek-V3.2's delta) must be a "
+                         f"finite number >= 0, got {threshold}")
     _check_same_shape(logp=logp, sampler_logp=sampler_logp, mask=mask)
     if logp.dim() != 2:
-        raise ValueError(f"logp, sampler_logp and mask must be (B, T), got shape {tuple(logp.shape)}")
+        raise ValueError(f"logp, sampler_logp and mask must be (B, T), got shape "
+                         f"{tuple(logp.shape)}")
     if advantages.shape == logp.shape[:1]:
         advantages = advantages[:, None].expand_as(logp)
     elif advantages.shape != logp.shape:
-        raise ValueError(f"advantages must be (B,) = ({logp.shape[0]},) or (B, T) = {tuple(logp.shape)}, got "
-                         f"{tuple(advantages.shape)}")
+        raise ValueError(f"advantages must be (B,) = ({logp.shape[0]},) or (B, T) = "
+                         f"{tuple(logp.shape)}, got {tuple(advantages.shape)}")
     mask = mask.bool()
     _check_finite("logp", logp, mask)
     _check_finite("sampler_logp", sampler_logp, mask)
-    kl = masked_sum(sampler_logp.detach() - logp.detach(), mask, dim=-1) / mask.sum(-1).clamp(min=1)  # (B,)
+    log_ratio = sampler_logp.detach() - logp.detach()
+    kl = masked_sum(log_ratio, mask, dim=-1) / mask.sum(-1).clamp(min=1)  # (B,)
     return ((advantages >= 0) | (kl <= threshold)[:, None]) & mask
 
 
@@ -687,22 +701,24 @@ def off_policy_sequence_mask(
 def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor,
                       top_entropy_quantile: float) -> torch.Tensor:
     """The high-entropy minority (Wang et al., "Beyond the 80/20 Rule", arXiv 2506.01939;
-    eq-after-entropy-filter): which tokens keep their policy loss, (B, T) bool, False outside ``mask``.
+    eq-after-entropy-filter): which tokens keep their policy loss, (B, T) bool, False outside
+    ``mask``.
 
         τ = the (1 − ρ) quantile of {H_t : m_t = 1}      keep_t = m_t · 1[H_t ≥ τ]
 
-    with ρ = ``top_entropy_quantile`` (TRL's name; the paper keeps 0.2) and H_t the policy's entropy at
-    token t (``entropies``, nats). Only the "forking" tokens, where the policy hesitates, are pushed; the
-    confident majority is left alone. ρ = 1 keeps every token; ρ = 0 keeps the highest only (and its ties).
-    The quantile interpolates linearly (``torch.quantile``), over the tokens given: TRL gathers every
-    process's tokens first, this function sees one micro-batch."""
+    with ρ = ``top_entropy_quantile`` (TRL's name; the paper keeps 0.2) and H_t the policy's entropy
+    at token t (``entropies``, nats). Only the "forking" tokens, where the policy hesitates, are
+    pushed; the confident majority is left alone. ρ = 1 keeps every token; ρ = 0 keeps the highest
+    only (and its ties). The quantile interpolates linearly (``torch.quantile``), over the tokens
+    given: TRL gathers every process's tokens first, this function sees one micro-batch."""
     if not (isinstance(top_entropy_quantile, (int, float)) and 0.0 <= top_entropy_quantile <= 1.0):
         raise ValueError(f"top_entropy_quantile must be in [0, 1] (the share of tokens kept), got "
                          f"{top_entropy_quantile}")
     _check_same_shape(entropies=entropies, mask=mask)
     mask = mask.bool()
     _check_finite("entropies", entropies, mask)
-    values = entropies.detach()[mask].to(torch.promote_types(entropies.dtype, torch.float32))  # bf16 → float32
+    # in float32 at least (bf16 entropies have too few digits for a quantile)
+    values = entropies.detach()[mask].to(torch.promote_types(entropies.dtype, torch.float32))
     if values.numel() == 0:
         return torch.zeros_like(mask)
     threshold = torch.quantile(values, 1.0 - top_entropy_quantile)
@@ -712,33 +728,34 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor,
 def adaptive_entropy_coef(entropy_coef: float, entropy: float, *, entropy_target: float,
                           entropy_coef_delta: float, entropy_coef_min: float = 0.0,
                           entropy_coef_max: float = 1.0) -> float:
-    """Skywork-OR1's adaptive entropy control (arXiv 2505.22312; eq-after-adaptive-entropy): the next
-    step's coefficient of the entropy bonus, from this step's mean token entropy (nats).
+    """Skywork-OR1's adaptive entropy control (arXiv 2505.22312; eq-after-adaptive-entropy): the
+    next step's coefficient of the entropy bonus, from this step's mean token entropy (nats).
 
         c ← clip(c + Δ, c_min, c_max)   if H ≤ H_target      (entropy too low: push harder)
         c ← clip(c − Δ, c_min, c_max)   otherwise
 
     The bonus −c·H is added to the loss only while H ≤ H_target (the trainer applies the coefficient
-    that the *previous* step's entropy decided, as TRL does), so the controller raises entropy when it
-    falls below the target and otherwise stays out of the way. Names as TRL's ``GRPOConfig``."""
-    for name, value in (("entropy_coef", entropy_coef), ("entropy", entropy), ("entropy_target", entropy_target),
-                        ("entropy_coef_delta", entropy_coef_delta)):
+    that the *previous* step's entropy decided, as TRL does), so the controller raises entropy when
+    it falls below the target and otherwise stays out of the way. Names as TRL's ``GRPOConfig``."""
+    checked = (("entropy_coef", entropy_coef), ("entropy", entropy),
+               ("entropy_target", entropy_target), ("entropy_coef_delta", entropy_coef_delta))
+    for name, value in checked:
         if not math.isfinite(value):
             raise ValueError(f"{name} must be finite, got {value}")
     if not 0.0 <= entropy_coef_min <= entropy_coef_max:
-        raise ValueError(f"need 0 <= entropy_coef_min <= entropy_coef_max, got {entropy_coef_min} and "
-                         f"{entropy_coef_max}")
+        raise ValueError(f"need 0 <= entropy_coef_min <= entropy_coef_max, got "
+                         f"{entropy_coef_min} and {entropy_coef_max}")
     step = entropy_coef_delta if entropy <= entropy_target else -entropy_coef_delta
     return min(max(entropy_coef + step, entropy_coef_min), entropy_coef_max)
 
 
 def entropy_bonus_loss(entropies: torch.Tensor, mask: torch.Tensor, entropy_coef: float,
                        gradient_accumulation_steps: int = 1) -> torch.Tensor:
-    """The entropy bonus as a term of the loss (eq-after-entropy-bonus): −c · mean_t H_t over the masked
-    tokens, divided by ``gradient_accumulation_steps``; differentiable through ``entropies``. Minimising it
-    raises the policy's entropy. As in TRL the bonus is a plain token mean whatever the ``loss_type``
-    (``entropy_coef`` means the same for every aggregation), over the tokens the policy loss uses (pass
-    :func:`high_entropy_mask` ∧ ``mask`` when the filter is on)."""
+    """The entropy bonus as a term of the loss (eq-after-entropy-bonus): −c · mean_t H_t over the
+    masked tokens, divided by ``gradient_accumulation_steps``; differentiable through ``entropies``.
+    Minimising it raises the policy's entropy. As in TRL the bonus is a plain token mean whatever
+    the ``loss_type`` (``entropy_coef`` means the same for every aggregation), over the tokens the
+    policy loss uses (pass :func:`high_entropy_mask` ∧ ``mask`` when the filter is on)."""
     if not math.isfinite(entropy_coef):
         raise ValueError(f"entropy_coef must be finite, got {entropy_coef}")
     _check_accumulation(gradient_accumulation_steps)
@@ -749,16 +766,17 @@ def entropy_bonus_loss(entropies: torch.Tensor, mask: torch.Tensor, entropy_coef
         return entropies.sum() * 0.0
     return -entropy_coef * masked_mean(entropies, mask) / gradient_accumulation_steps
 
-def token_covariance(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def token_covariance(logp: torch.Tensor, advantages: torch.Tensor,
+                     mask: torch.Tensor) -> torch.Tensor:
     """Each token's share of the covariance between its log-prob and its advantage (Cui et al., "The
     Entropy Mechanism of Reinforcement Learning for Reasoning Language Models", arXiv 2505.22617;
     eq-after-entropy-cov), (B, T), 0 outside ``mask``; no gradient:
 
         Cov_t = (log π(o_t) − mean log π) · (A_t − mean A)      (means over the masked tokens)
 
-    Under a softmax policy the entropy changes, to first order, by minus the covariance of log π and the
-    advantage over the sampled tokens: confident tokens (high log π) with positive advantages make the
-    entropy fall. Clip-Cov and KL-Cov act on the few tokens with the largest Cov_t."""
+    Under a softmax policy the entropy changes, to first order, by minus the covariance of log π and
+    the advantage over the sampled tokens: confident tokens (high log π) with positive advantages
+    make the entropy fall. Clip-Cov and KL-Cov act on the few tokens with the largest Cov_t."""
     if advantages.shape == logp.shape[:1]:
         advantages = advantages[:, None].expand_as(logp)
     _check_same_shape(logp=logp, advantages=advantages, mask=mask)
@@ -778,13 +796,14 @@ def clip_cov_mask(covariance: torch.Tensor, mask: torch.Tensor, clip_cov_ratio: 
                   generator: torch.Generator | None = None) -> torch.Tensor:
     """Clip-Cov (eq-after-clip-cov): the tokens whose gradient is cut, (B, T) bool.
 
-    Among the masked tokens with ``clip_cov_lb`` < Cov_t < ``clip_cov_ub`` (:func:`token_covariance`) and not
-    already clipped by PPO's ratio clip (``already_clipped``), pick max(1, ⌊``clip_cov_ratio`` · n⌋) at
-    random (n: the masked tokens; ``generator`` for a reproducible draw). Their loss is multiplied by 0,
-    as verl does; the rest keep PPO-Clip's loss. Names and defaults as verl's ``policy_loss``
-    settings."""
+    Among the masked tokens with ``clip_cov_lb`` < Cov_t < ``clip_cov_ub``
+    (:func:`token_covariance`) and not already clipped by PPO's ratio clip (``already_clipped``),
+    pick max(1, ⌊``clip_cov_ratio`` · n⌋) at random (n: the masked tokens; ``generator`` for a
+    reproducible draw). Their loss is multiplied by 0, as verl does; the rest keep PPO-Clip's loss.
+    Names and defaults as verl's ``policy_loss`` settings."""
     if not 0.0 < clip_cov_ratio <= 1.0:
-        raise ValueError(f"clip_cov_ratio must be in (0, 1] (the share of tokens cut), got {clip_cov_ratio}")
+        raise ValueError(f"clip_cov_ratio must be in (0, 1] (the share of tokens cut), "
+                         f"got {clip_cov_ratio}")
     if not clip_cov_lb < clip_cov_ub:
         raise ValueError(f"need clip_cov_lb < clip_cov_ub, got {clip_cov_lb} and {clip_cov_ub}")
     _check_same_shape(covariance=covariance, mask=mask)
@@ -802,13 +821,15 @@ def clip_cov_mask(covariance: torch.Tensor, mask: torch.Tensor, clip_cov_ratio: 
     return chosen.view_as(mask)
 
 
-def kl_cov_mask(covariance: torch.Tensor, mask: torch.Tensor, kl_cov_ratio: float = 2e-4) -> torch.Tensor:
-    """KL-Cov (eq-after-kl-cov): the tokens that get a KL penalty, (B, T) bool: the
-    max(1, ⌊``kl_cov_ratio`` · n⌋) masked tokens with the largest Cov_t (:func:`token_covariance`). Their
-    loss becomes −ρ_t A_t + k·|log ρ_t| (``ppo_kl_coef`` k), the others' −ρ_t A_t, with no ratio clip, as
-    verl's ``kl_cov`` does."""
+def kl_cov_mask(covariance: torch.Tensor, mask: torch.Tensor,
+                kl_cov_ratio: float = 2e-4) -> torch.Tensor:
+    """KL-Cov (eq-after-kl-cov): the tokens that get a KL penalty, (B, T) bool: the max(1,
+    ⌊``kl_cov_ratio`` · n⌋) masked tokens with the largest Cov_t (:func:`token_covariance`). Their
+    loss becomes −ρ_t A_t + k·|log ρ_t| (``ppo_kl_coef`` k), the others' −ρ_t A_t, with no ratio
+    clip, as verl's ``kl_cov`` does."""
     if not 0.0 < kl_cov_ratio <= 1.0:
-        raise ValueError(f"kl_cov_ratio must be in (0, 1] (the share of tokens penalised), got {kl_cov_ratio}")
+        raise ValueError(f"kl_cov_ratio must be in (0, 1] (the share of tokens penalised), "
+                         f"got {kl_cov_ratio}")
     _check_same_shape(covariance=covariance, mask=mask)
     mask = mask.bool()
     n = int(mask.sum())
