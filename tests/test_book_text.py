@@ -7,6 +7,9 @@
    text output, and every line of package code the book shows with `literalinclude`, is at most 100 characters.
 3. Results first: every chapter opens with its "At a glance" box, of at most 120 words, and every experiment
    figure is followed by a results table and a `**Finding.**` line.
+4. Glossary links (issue 43): every glossary term a chapter's prose uses is linked with `{term}` in that chapter,
+   no later than the section of its first use (see `glossary_link_faults`; a short allow-list,
+   `GLOSSARY_UNLINKED`, spares the most general words outside the part that defines them).
 
 Each check is a pure function of the text, so the planted-fault tests below feed it small strings with one
 fault each; the real chapters must pass with no finding. Run `python tests/test_book_text.py` to print every
@@ -846,6 +849,233 @@ def test_figure_rule_catches_planted_faults():
     assert figure_faults(head + illustration + "## Next\n", "c") == ([], []), "an illustration needs no table"
 
 
+# ---------------------------------------------------------------------------------------------------------
+# 4. Glossary links: each chapter links, at or before its first use, every glossary term its prose uses
+# ---------------------------------------------------------------------------------------------------------
+
+GLOSSARY = ROOT / "book" / "appendix" / "glossary.md"
+TERM_ROLE = re.compile(r"\{term\}`(?:[^`<>]*<([^`<>]+)>|([^`<>]+))`")  # the target: after "<", or the whole text
+ANY_ROLE = re.compile(r"\{[A-Za-z][\w:+-]*\}`[^`]*`")
+MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\([^)]*\)|<https?://[^>]*>|https?://\S+")
+CAPTIONED = {"{figure}", "{glue:figure}", "{table}"}  # a caption is no place for a link
+
+
+def _outside(defining_part: str):
+    """Allowed in every part but the one that defines the word (a later part, Part VII on, included)."""
+    return lambda part: part != defining_part
+
+
+def _everywhere(part: str) -> bool:
+    return True
+
+
+def _in_part_i(part: str) -> bool:
+    return part == "part1"
+
+
+# Glossary names (lower case) a chapter may use without a link: name -> whether a chapter of `part` (the folder
+# name, "part1", ...) may. 13 glossary entries:
+GLOSSARY_UNLINKED = {
+    # The MDP's basic words and the book's subject, in nearly every paragraph of every chapter: Part I defines
+    # and links them ("action", "agent" and "environment" are rarer later and are linked where they appear).
+    **dict.fromkeys(("state", "reward", "policy", "reinforcement learning", "rl"), _outside("part1")),
+    # Their language-model counterparts: Part II defines them; every later chapter is written in them.
+    **dict.fromkeys(("token", "prompt", "response", "completion"), _outside("part2")),
+    # The entry is TD's step size α (Part I); later chapters mean the optimiser's setting, which it does not define.
+    **dict.fromkeys(("learning rate", "step size"), _outside("part1")),
+    # English words with a second sense that whole-word matching cannot tell apart: a function "returns" a value,
+    # a number is raised to a "power". "statistical power" must still be linked where it is written out.
+    "return": _everywhere,
+    "power": _everywhere,
+    # Everyday words in Part I (FrozenLake's frozen tiles, a random-number generator, the vocabulary of the
+    # chapter); their glossary senses (a frozen reference, GAPO's generator, a tokenizer's vocabulary) come later.
+    **dict.fromkeys(("frozen", "generator", "vocabulary"), _in_part_i),
+}
+
+
+def glossary_names(text: str) -> dict[str, int]:
+    """``{name: entry number}`` of every term line and alias line of every ``{glossary}`` block: an entry is a
+    run of unindented lines (the term, then its aliases) followed by its indented definition."""
+    names: dict[str, int] = {}
+    entry, fence, after_term = -1, None, False
+    for line in text.split("\n"):
+        if fence is None:
+            m = FENCE.match(line)
+            if m and m.group(3) == "{glossary}":
+                fence = m.group(2)
+            continue
+        if line.strip() == fence:
+            fence = None
+        elif line.strip() and not line[0].isspace() and not OPTION.match(line):
+            entry += 0 if after_term else 1
+            names[line.strip()] = entry
+            after_term = True
+            continue
+        after_term = False
+    return names
+
+
+def _blank(m: re.Match) -> str:
+    return re.sub(r"[^\n]", " ", m.group(0))
+
+
+def glossary_uses(text: str, names: dict[str, int], unlinked: frozenset | set = frozenset()):
+    """What a chapter does with the glossary, line numbers counted from 0:
+
+    - uses: ``{entry: (line, word, column)}``, the first prose use of any name of each entry;
+    - links: ``{entry: line}``, the first ``{term}`` link to any name of each entry;
+    - unknown: ``[(line, target)]``, ``{term}`` links to no glossary name;
+    - sections: the ``#``/``##`` section each line is in (0 before the first heading).
+
+    Prose is what ``classify`` calls prose, less headings, figure or table captions and the rows of a table that
+    the chapter's own code reads back (its ``(label)=`` target is named in a code cell: a role there would break
+    the comparison), and, inside it, less roles (a link or a reference carries no second link), code spans,
+    Markdown links and ``$...$`` math. A name is used where it occurs as a whole word (hyphens join words: "token"
+    does not occur in "token-level"; a line break may fall between the words of a name) with an optional plural
+    "s" or "es", in any case, except names written in capitals (RL, REINFORCE, EOS), which match only in capitals;
+    the longest name wins where names overlap. Names in ``unlinked`` are not looked for.
+    """
+    lower = {n.lower(): e for n, e in names.items()}
+    wanted = sorted((n for n in names if n.lower() not in unlinked), key=len, reverse=True)
+    alternatives = (re.escape(n).replace("\\ ", r"\s+") for n in wanted)  # a name may wrap onto the next line
+    pattern = re.compile(r"(?<![\w-])(%s)(?:e?s)?(?![\w-])" % "|".join(
+        a if n != n.upper() else f"(?-i:{a})" for n, a in zip(wanted, alternatives)), re.I)
+    lines = text.split("\n")
+    kinds = classify(lines)
+    code = "\n".join(line for line, kind in zip(lines, kinds) if kind == "code")
+    sections, prose, section, caption, read_back = [], [], 0, None, False
+    for line, kind in zip(lines, kinds):
+        target = re.match(r"^\((\S+)\)=$", line.strip()) if kind == "meta" else None
+        if target:
+            read_back = target.group(1) in code
+        elif line.strip() and not line.lstrip().startswith("|"):
+            read_back = False
+        m = FENCE.match(line)
+        if kind == "fence" and m:
+            if caption is None and (m.group(3) or "") in CAPTIONED:
+                caption = (m.group(2)[0], len(m.group(2)))
+            elif caption and m.group(2)[0] == caption[0] and len(m.group(2)) >= caption[1] and not m.group(3):
+                caption = None
+        heading = HEADING.match(line) if kind == "prose" else None
+        section += bool(heading and len(heading.group(1)) <= 2)
+        sections.append(section)
+        checked = read_back and line.lstrip().startswith("|")
+        prose.append("prose" if kind == "prose" and not heading and caption is None and not checked else "other")
+    uses, links, unknown = {}, {}, []
+    for start, run in paragraphs(lines, prose):
+        block = "\n".join(run)  # a role may wrap onto the next line
+        for r in TERM_ROLE.finditer(block):
+            at = start + block.count("\n", 0, r.start())
+            target = " ".join((r.group(1) or r.group(2)).split()).lower()
+            if target in lower:
+                links.setdefault(lower[target], at)
+            else:
+                unknown.append((at, target))
+        block = "\n".join(MARKDOWN_LINK.sub(_blank, CODE_SPAN.sub(_blank, line))
+                          for line in ANY_ROLE.sub(_blank, block).split("\n"))
+        pieces = DOLLAR.split(block.replace("\\$", "  "))
+        block = " ".join(p if k % 2 == 0 else re.sub(r"[^\n]", " ", p) for k, p in enumerate(pieces))
+        for u in pattern.finditer(block) if wanted else ():
+            line_start = block.rfind("\n", 0, u.start()) + 1
+            uses.setdefault(lower[" ".join(u.group(1).split()).lower()],
+                            (start + block.count("\n", 0, u.start()), u.group(0), u.start() - line_start))
+    return uses, links, unknown, sections
+
+
+def glossary_link_faults(text: str, names: dict[str, int], name: str = "<text>", part: str = "") -> list[str]:
+    """The rule: every glossary term a chapter's prose uses (any name of its entry: the term or an alias) is
+    linked with ``{term}`` in that chapter, and the first link comes no later than the section (``#`` or ``##``)
+    of the first use: at the first use, earlier in the chapter, or further on in the same section. Every link
+    names a glossary term. Names that ``GLOSSARY_UNLINKED`` allows in ``part`` are not looked for."""
+    unlinked = {n for n, allowed in GLOSSARY_UNLINKED.items() if allowed(part)}
+    uses, links, unknown, sections = glossary_uses(text, names, unlinked)
+    lines = text.split("\n")
+    headings = {sections[j]: line.lstrip("#").strip() for j, line in enumerate(lines)
+                if HEADING.match(line) and j < len(sections) and (j == 0 or sections[j] != sections[j - 1])}
+    term = {}
+    for n, e in names.items():
+        term.setdefault(e, n)
+    faults = [f"{name}:{j + 1}: {{term}}`{target}` links to no glossary term" for j, target in unknown]
+    for e, (j, word, _) in sorted(uses.items(), key=lambda item: item[1][0]):
+        where = f"{name}:{j + 1}: '{' '.join(word.split())}' (glossary: {term[e]})"
+        section = headings.get(sections[j], "before the first heading")
+        if e not in links:
+            faults.append(f"{where}, first used here (section '{section}'), is never linked with {{term}}")
+        elif sections[links[e]] > sections[j]:
+            faults.append(f"{where}, first used here (section '{section}'), is first linked at line "
+                          f"{links[e] + 1}, in a later section")
+    return faults
+
+
+def glossary() -> dict[str, int]:
+    return glossary_names(GLOSSARY.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=rel)
+def test_each_chapter_links_the_glossary_terms_it_uses(path):
+    """The glossary promises that chapters link the first use of a term; this holds every chapter of book/part*/
+    to it. The terms are every term line and alias of the glossary's {glossary} blocks. A chapter uses a term where
+    its prose (not code, math, directive options, headings, captions, roles or link targets) has one of its names
+    as a whole word, in any case (a name in capitals only in capitals), plural "s"/"es" allowed. Each term used
+    must be linked with {term} (to any of its names) somewhere in the chapter, and the first link must come no
+    later than the `##` section of the first use: at that use, earlier, or further on in the same section (a
+    reader who meets the word can find its link without leaving the section). The most general words are spared
+    outside the part that defines them, and words with a second English sense everywhere (GLOSSARY_UNLINKED, each
+    entry explained there). The introduction, a map of the whole book that names nearly every term once, is left
+    out: the chapters link each term where they explain it."""
+    faults = glossary_link_faults(path.read_text(encoding="utf-8"), glossary(), rel(path), path.parent.name)
+    if faults:
+        pytest.fail("\n".join(faults), pytrace=False)
+
+
+def test_glossary_has_the_entries_the_chapters_lean_on():
+    names = {n.lower(): e for n, e in glossary().items()}
+    for term in ("model organism", "rlvr", "gold accuracy", "expected accuracy", "paired seeds", "t-interval",
+                 "statistical power", "multiplicity correction", "not resolved", "baseline", "overlong filtering"):
+        assert term in names, f"the glossary has no entry or alias '{term}'"
+    assert names["power"] == names["statistical power"] and names["not resolved"] == names["no difference resolved"]
+    assert set(GLOSSARY_UNLINKED) <= set(names), set(GLOSSARY_UNLINKED) - set(names)
+
+
+def test_glossary_link_rule_catches_planted_faults():
+    entries = ("```{glossary}\nmodel organism\norganism\n  **模式生物** †. A setting.\n\npaired seeds\n"
+               "  **配对种子** †. Runs.\n\ngroup\n  **组**. Samples.\n\ngroup size\n  **组大小**. G.\n\n"
+               "REINFORCE\n  **REINFORCE**. An algorithm.\n\nstate\n  **状态**. A state.\n```\n")
+    names = glossary_names(entries)
+    assert names == {"model organism": 0, "organism": 0, "paired seeds": 1, "group": 2, "group size": 3,
+                     "REINFORCE": 4, "state": 5}
+    head = "---\nkernelspec:\n  name: python3\n---\n\n# T\n\n"
+    good = head + ("The {term}`model organism` runs on five {term}`paired seeds`.\n\n## One\n\n"
+                   "Each organism is small; the {term}`group size <group size>` $G$, of a {term}`group`, is 8.\n"
+                   "We reinforce it. Plain {term}`REINFORCE` fails.\n\n## Two\n\nThe organism again.\n")
+    assert glossary_link_faults(good, names, "c") == []
+    faults = glossary_link_faults(good.replace("{term}`paired seeds`", "paired seeds"), names, "c")
+    assert len(faults) == 1 and "c:8: 'paired seeds'" in faults[0] and "never linked" in faults[0], faults
+    late = head + "A model organism, at first.\n\n## One\n\nThe {term}`model organism` again.\n"
+    assert "first linked at line 12, in a later section" in glossary_link_faults(late, names, "c")[0]
+    same_section = head + "A model organism, at first; the {term}`organism`, linked in the same section.\n"
+    assert glossary_link_faults(same_section, names, "c") == [], "a link later in the same section is enough"
+    plural = head + "Two organisms.\n"
+    assert "'organisms' (glossary: model organism)" in glossary_link_faults(plural, names, "c")[0]
+    ignored = head + ("# Paired seeds in a heading\n\n`paired seeds` in code and $\\text{group}$ in math and\n"
+                      "{ref}`the group <sec-x>` in a role, [a group](https://x.org/group) in a link; group-level and "
+                      "token-level words.\n\n```{code-cell} ipython3\ngroup = 1  # group\n```\n\n"
+                      "```{glue:figure} fig-x\n:name: fig-x\n\nThe group in a caption.\n```\n\n"
+                      "```{math}\n\\mathrm{group}\n```\n\nState is exempt outside Part I.\n\n(tab-x)=\n\n"
+                      "| a | b |\n|---|---|\n| group | 1 |\n\n```{code-cell} ipython3\ntext.split('(tab-x)=')\n```\n")
+    assert glossary_link_faults(ignored, names, "c", "part4") == []
+    assert glossary_link_faults(ignored.replace("'(tab-x)='", "'(tab-y)='"), names, "c", "part4"), \
+        "a table no code reads back is prose"
+    assert glossary_link_faults("State.\n", names, "c", "part1"), "state is linked in Part I"
+    assert "never linked" in glossary_link_faults(head + "the REINFORCE estimator", names, "c")[0]
+    assert glossary_link_faults(head + "the {term}`organisms`.\n", names, "c") == [
+        "c:8: {term}`organisms` links to no glossary term"]
+    wrapped = head + ("A {term}`model\norganism <model organism>` and {term}`group size`: no bare group,\n"
+                      "no paired\nseeds.\n")
+    assert [f.split(",")[0] for f in glossary_link_faults(wrapped, names, "c")] == [
+        "c:9: 'group' (glossary: group)", "c:10: 'paired seeds' (glossary: paired seeds)"], "a name wraps too"
+
+
 if __name__ == "__main__":  # every finding at once: python tests/test_book_text.py
     for path in BOOK_MD:
         for fault in lint_text(path.read_text(encoding="utf-8"), rel(path)):
@@ -869,4 +1099,6 @@ if __name__ == "__main__":  # every finding at once: python tests/test_book_text
         faults, experiments = figure_faults(text, rel(path))
         print(f"{rel(path)}: experiment figures: {', '.join(experiments) or 'none'}")
         for fault in faults:
+            print(fault)
+        for fault in glossary_link_faults(text, glossary(), rel(path), path.parent.name):
             print(fault)
