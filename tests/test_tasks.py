@@ -176,8 +176,41 @@ def test_one_problem_written_two_ways_shares_a_split():
     assert constraint.split_of(Example("len=9 x=3 b=1:", "")) == constraint.split_of(Example("len=9 b=1 x=3:", ""))
 
 
+@pytest.mark.parametrize("name", SPLIT_TASKS)
+def test_validation_is_a_slice_of_train_and_training_without_it_leaves_all_three_disjoint(name):
+    """"validation" takes buckets 10..19, inside "train" (so every stored experiment's training stream is
+    unchanged); "train_without_validation" is the rest of "train"."""
+    task = TASK_FACTORIES[name]()
+    validation = task.sample(100, seed=0, split="validation")
+    fit = task.sample(400, seed=0, split="train_without_validation")
+    test = task.sample(100, seed=0, split="test")
+    keys = [{task.split_key(e) for e in split} for split in (validation, fit, test)]
+    assert not keys[0] & keys[1] and not keys[0] & keys[2] and not keys[1] & keys[2]
+    assert all(task.split_of(e) == "train" for e in validation + fit)
+    assert all(10 <= split_bucket(task.split_key(e)) < 20 for e in validation)
+    # "train" itself is unchanged: the same seed draws the same problems as before the validation split existed
+    train = task.sample(200, seed=5, split="train")
+    rng, expected = np.random.default_rng(5), []
+    while len(expected) < 200:
+        example = task.sample_one(rng)
+        if split_bucket(task.split_key(example)) >= 10:
+            expected.append(example)
+    assert train == expected
+
+
+def test_the_trainer_and_the_held_out_evaluation_use_the_chosen_splits():
+    from rlbook.evaluation import HeldOutEvaluation
+    from rlbook.presets import RLConfig
+
+    with pytest.raises(ValueError, match="unknown train_split"):
+        RLConfig(train_split="validation")
+    with pytest.raises(ValueError, match="split must be 'test' or 'validation'"):
+        HeldOutEvaluation(split="train")
+    assert HeldOutEvaluation(split="validation").split == "validation"
+
+
 def test_sample_rejects_an_unknown_split():
-    for split in ("validation", "TEST", None, 1):
+    for split in ("valid", "TEST", None, 1):
         with pytest.raises(ValueError, match="unknown split"):
             Arithmetic().sample(5, seed=0, split=split)
 

@@ -778,3 +778,13 @@ def test_the_high_entropy_filter_at_quantile_0_moves_the_policy_less():
         if quantile == 0.0:
             assert metrics["entropy_mask/kept_mean"] < 0.1
     assert moved[0.0] < moved[1.0], moved
+
+
+def test_train_split_without_validation_keeps_the_validation_problems_unseen():
+    from rlbook.tasks.base import split_bucket
+
+    trainer = make_trainer("trl_grpo", max_steps=1, train_split="train_without_validation")
+    for step in range(3):
+        rollout = trainer.sample_rollout(step)
+        keys = {trainer.task.split_key(e) for e in rollout.examples}
+        assert keys and all(split_bucket(k) >= 20 for k in keys)

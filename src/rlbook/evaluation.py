@@ -280,7 +280,8 @@ class HeldOutEvaluation(TrainerCallback):
     at each step of ``at_steps`` (a denser look where the policy moves fast) and at the end, keeping each :meth:`PolicyEvaluation.summary` in ``self.records`` as ``{"step": s,
     "num_completions": n, ...}``, ``n`` the completions sampled for training so far (the cost in samples).
 
-    The prompts are ``num_prompts`` draws of the task's ``"test"`` split from ``prompt_seed`` and the sampling
+    The prompts are ``num_prompts`` draws of the task's ``split`` (``"test"``; ``"validation"`` where settings are
+    chosen, with the run trained on ``train_split="train_without_validation"``) from ``prompt_seed`` and the sampling
     stream is ``seed``, the same for every arm and training seed of an experiment: every policy is measured on
     the same problems with the same random numbers (paired evaluation). With ``kl_to_base`` (the default) a frozen
     copy of the policy as training begins is kept, and each record also holds ``kl_to_base``, the KL of the
@@ -292,12 +293,15 @@ class HeldOutEvaluation(TrainerCallback):
     """
 
     def __init__(self, num_prompts: int = 1024, num_samples: int = 8, every: int = 0, *, prompt_seed: int = 2024,
-                 seed: int = 0, ks=(1, 8), kl_to_base: bool = True, at_steps=()):
+                 seed: int = 0, ks=(1, 8), kl_to_base: bool = True, at_steps=(), split: str = "test"):
         self.num_prompts = check_int(num_prompts, "num_prompts", minimum=1)
         self.num_samples = check_int(num_samples, "num_samples", minimum=1)
         self.every = check_int(every, "every", minimum=0)
         self.at_steps = frozenset(check_int(s, "at_steps", minimum=1) for s in at_steps)
         self.prompt_seed, self.seed, self.ks = prompt_seed, seed, tuple(ks)
+        if split not in ("test", "validation"):
+            raise ValueError(f"split must be 'test' or 'validation' (held-out problems), got {split!r}")
+        self.split = split
         self.kl_to_base = bool(kl_to_base)
         self.base = None  # the frozen policy training started from (kl_to_base), copied at on_train_begin
         self.records: list[dict] = []
@@ -305,7 +309,7 @@ class HeldOutEvaluation(TrainerCallback):
     def measure(self, trainer) -> dict:
         """Evaluate the trainer's current policy and append the summary to :attr:`records`."""
         examples = trainer.task.sample(self.num_prompts, seed=np.random.default_rng(self.prompt_seed),
-                                       split="test")
+                                       split=self.split)
         if self.kl_to_base and self.base is None:
             self.base = copy.deepcopy(trainer.policy).eval().requires_grad_(False)
         result = evaluate_policy(trainer.policy, trainer.tokenizer, trainer.task, examples,

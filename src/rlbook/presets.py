@@ -167,6 +167,9 @@ class RLConfig:
     seed: int = 0
     eval_every: int = 0  # 0: never; else held-out sampled accuracy every eval_every steps
     eval_size: int = 128
+    # the problems the prompts come from (rlbook.tasks.Task.sample): "train", or "train_without_validation" for a run
+    # whose settings are chosen on the task's "validation" split, which must then stay unseen
+    train_split: str = "train"
 
     def __post_init__(self):
         if self.steps_per_generation is None:
@@ -311,6 +314,7 @@ def _check(c: RLConfig) -> None:
                           ("scale_rewards", ("group", "batch", "none")),
                           ("gfpo_metric", ("length", "token_efficiency")), ("value_init", ("policy", "random")),
                           ("old_logprobs", ("learner", "sampler")),
+                          ("train_split", ("train", "train_without_validation")),
                           ("vllm_importance_sampling_mode", VLLM_IMPORTANCE_SAMPLING_MODES),
                           ("nonfinite_rewards", ("raise", "skip_group"))):
         if getattr(c, name) not in choices:

@@ -253,7 +253,7 @@ class Trainer:
         def sample_round(round_: int) -> Rollout:
             nonlocal time_reward, num_completions, groups_skipped
             prompt_seed = [config.seed, step] + ([round_] if round_ else [])
-            examples = self.task.sample(config.num_prompts, split="train",
+            examples = self.task.sample(config.num_prompts, split=config.train_split,
                                         seed=np.random.default_rng(prompt_seed))[shard]
             with autocast(self.device):
                 batch = generate_rollouts(self.policy, self.tokenizer, [e.prompt for e in examples],

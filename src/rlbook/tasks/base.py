@@ -35,8 +35,12 @@ from rlbook.vocab import ALPHABET
 ALPHABET_SET = frozenset(ALPHABET)
 DEFAULT_MAX_COMPLETION_LENGTH = 1024
 
-SPLITS = ("all", "train", "test")
+SPLITS = ("all", "train", "test", "validation", "train_without_validation")
 TEST_PERCENT = 10  # a problem is in the test split when its bucket (0..99) is below this
+# The validation split: the next buckets, [TEST_PERCENT, TEST_PERCENT + VALIDATION_PERCENT). They stay in "train"
+# (every stored experiment trained on the 90 % outside "test"), so a run that selects settings on "validation"
+# trains on "train_without_validation" instead: then training, validation and test problems are disjoint.
+VALIDATION_PERCENT = 10
 MAX_CONSECUTIVE_REJECTIONS = 1000  # a 10 % split misses 1000 draws in a row with probability 0.9**1000 ~ 2e-46
 
 
@@ -183,6 +187,17 @@ class Task:
         ``"train"``: a property of the problem, the same on every machine and for every seed."""
         return "test" if split_bucket(self.split_key(example)) < TEST_PERCENT else "train"
 
+    def in_split(self, example: Example, split: str) -> bool:
+        """Whether ``example`` belongs to ``split`` (one of :data:`SPLITS`): ``"train"`` and ``"test"`` as
+        :meth:`split_of` says; ``"validation"``, the next ``VALIDATION_PERCENT`` of buckets, a part of
+        ``"train"``; ``"train_without_validation"``, the rest of ``"train"``."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
+        bucket = split_bucket(self.split_key(example))
+        return {"all": True, "test": bucket < TEST_PERCENT, "train": bucket >= TEST_PERCENT,
+                "validation": TEST_PERCENT <= bucket < TEST_PERCENT + VALIDATION_PERCENT,
+                "train_without_validation": bucket >= TEST_PERCENT + VALIDATION_PERCENT}[split]
+
     def sample(self, n: int, seed, split: str = "all") -> list[Example]:
         """Draw ``n`` problems; the same ``seed`` (an int, or a numpy Generator) always gives the same list.
 
@@ -190,7 +205,9 @@ class Task:
 
         - ``"all"`` (the default): any problem, as drawn by :meth:`sample_one`;
         - ``"train"``: only problems whose :meth:`split_of` is ``"train"`` (about 90 % of them);
-        - ``"test"``: only the held-out ~10 %; a model trained on ``"train"`` never saw any of them.
+        - ``"test"``: only the held-out ~10 %; a model trained on ``"train"`` never saw any of them;
+        - ``"validation"``: another ~10 %, inside ``"train"``, for choosing settings; a run that does so trains
+          on ``"train_without_validation"`` (the remaining ~80 %), so that it never saw these either.
 
         ``"train"`` and ``"test"`` draw from ``sample_one`` and drop the problems of the other split, so they
         are disjoint, and each follows ``sample_one``'s distribution restricted to its split (problems may
@@ -207,7 +224,7 @@ class Task:
         examples, misses = [], 0
         while len(examples) < n:
             example = self.sample_one(rng)
-            if self.split_of(example) == split:
+            if self.in_split(example, split):
                 examples.append(example)
                 misses = 0
                 continue
