@@ -16,6 +16,11 @@
    title (the listing's caption, or the file and lines it shows) stays visible and the reader opens the code.
    The chapters need no markup for it, so a listing that grows past the limit collapses by itself.
    scripts/make_reader.py uses the same rule for the reader copy (a ``{dropdown}`` directive).
+
+4. The package's docstrings name the chapter equation they implement by its label (``eq-grpo-advantage``), which
+   is all a reader of the source can be given. In a listing the book shows, each label of an equation the book
+   numbers is replaced by its number as the text prints it ("eq. (8.3)"); an unknown label is left as written.
+   scripts/make_reader.py does the same in the reader copy (``number_equation_labels``).
 """
 
 import re
@@ -41,6 +46,47 @@ def listing_title(caption: str, source: str, first: int, count: int) -> str:
     except ValueError:
         where = Path(source).name
     return f"Code from {where}, lines {first}\u2013{first + count - 1}"
+
+
+EQUATION_LABEL = re.compile(r"(?<![\w-])eq-[a-z0-9]+(?:-[a-z0-9]+)*(?![\w-])")
+
+
+def number_equation_labels(text: str, number_of) -> str:
+    """``text`` with each equation label (``eq-...``) that ``number_of(label)`` numbers replaced by
+    "eq. (<number>)"; a label it returns None for stays as written."""
+    def replace(match):
+        number = number_of(match.group())
+        return f"eq. ({number})" if number else match.group()
+
+    return EQUATION_LABEL.sub(replace, text)
+
+
+def _sphinx_equation_number(env, label: str) -> str | None:
+    """The number Sphinx prints for equation ``label`` ("8.3" with numfig and math_numfig), or None."""
+    from docutils.nodes import make_id  # as sphinx.domains.math names the equation's node
+
+    docname, number = env.get_domain("math").equations.get(label, (None, None))
+    if docname is None:
+        return None
+    if env.config.numfig and env.config.math_numfig:
+        numbers = env.toc_fignumbers.get(docname, {}).get("displaymath", {}).get(make_id("equation-" + label))
+        eqno = ".".join(map(str, numbers))
+        return env.config.math_numsep.join(eqno.rsplit(".", 1)) if numbers else None
+    return str(number)
+
+
+def _number_equation_labels(app, doctree, docname):
+    """Number the equation labels in the listings of an HTML page (item 4 above)."""
+    if app.builder.format != "html":
+        return
+    for block in doctree.findall(nodes.literal_block):
+        text = block.astext()
+        if block.rawsource != text or not EQUATION_LABEL.search(text):
+            continue  # a parsed literal (its markup would be lost), or nothing to number
+        numbered = number_equation_labels(text, lambda label: _sphinx_equation_number(app.env, label))
+        if numbered != text:
+            block.rawsource = numbered
+            block.children = [nodes.Text(numbered)]
 
 
 def _in_dropdown(node: nodes.Node) -> bool:
@@ -144,5 +190,6 @@ def setup(app):
     # after the other extensions' html-page-context handlers (myst-nb adds page scripts there)
     app.connect("html-page-context", _drop_duplicate_scripts, priority=900)
     app.connect("doctree-resolved", _keep_punctuation_with_math)
+    app.connect("doctree-resolved", _number_equation_labels)
     app.connect("doctree-read", _collapse_long_listings)  # before the figure numbers are assigned
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -479,12 +479,19 @@ def _glue_math(ctx: Context, arg: str, options: dict) -> list[str]:
     return ["$$", math + tag, "$$"]
 
 
+def _equation_number(ctx: Context, label: str) -> str | None:
+    target = ctx.index.targets.get(label)
+    return target.number if target is not None and target.kind == "equation" else None
+
+
 def _include(ctx: Context, arg: str, options: dict) -> list[str]:
     try:
         code, where, first, last = literal_include(arg, options, ctx.root)
     except (OSError, ReaderError) as error:
         ctx.problems.append(str(error))
         return [f"**[code from `{arg}` not found]**"]
+    # the docstrings' equation labels as the book prints them, "eq. (8.3)" (_ext/rlbook_html.py)
+    code = _book_extension("rlbook_html").number_equation_labels(code, lambda label: _equation_number(ctx, label))
     language = options.get("language", "python")
     lines = f"line {first}" if first == last else f"lines {first}–{last}"
     caption = resolve_roles(_unquote(options.get("caption", "")), ctx)

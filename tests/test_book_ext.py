@@ -80,3 +80,25 @@ def test_a_sphinx_build_collapses_only_the_long_listing(tmp_path):
     assert boxes[0] < html.index('<p class="admonition-title">Long one. (42 lines)</p>') < html.index("x39")
     assert html.index("Short one.") < boxes[0]
     assert "Listing 2" in html  # the numbered reference still resolves to the collapsed listing
+
+
+def test_equation_labels_in_listings_become_numbers():
+    numbers = {"eq-grpo-advantage": "8.3", "eq-a": "1.1"}
+    text = "GRPO's advantage (eq-grpo-advantage); eq-a, and eq-missing-one stays; not-eq-a nor eq-a-b."
+    assert rlbook_html.number_equation_labels(text, numbers.get) == (
+        "GRPO's advantage (eq. (8.3)); eq. (1.1), and eq-missing-one stays; not-eq-a nor eq-a-b.")
+
+
+def test_a_sphinx_build_numbers_the_equation_labels_of_a_listing(tmp_path):
+    sphinx = pytest.importorskip("sphinx.application")
+    (tmp_path / "m.py").write_text("def loss():\n    '''The loss (eq-loss); eq-nowhere.'''\n    return 1\n")
+    (tmp_path / "conf.py").write_text(f"import sys\nsys.path.insert(0, {str(ROOT / '_ext')!r})\n"
+                                      "extensions = ['rlbook_html']\nnumfig = True\nmath_numfig = True\n")
+    (tmp_path / "index.rst").write_text(
+        "Chapter\n=======\n\n.. math:: a = b\n   :label: eq-first\n\n.. math:: c = d\n   :label: eq-loss\n\n"
+        ".. literalinclude:: m.py\n   :pyobject: loss\n\nSee :eq:`eq-loss`.\n")
+    app = sphinx.Sphinx(str(tmp_path), str(tmp_path), str(tmp_path / "_build"), str(tmp_path / "_doctrees"),
+                        "html", status=None, warning=None, freshenv=True, warningiserror=False)
+    app.build()
+    text = re.sub(r"<[^>]+>", "", (tmp_path / "_build" / "index.html").read_text())
+    assert "The loss (eq. (2)); eq-nowhere." in text  # the number :eq: prints, and an unknown label as written

@@ -134,7 +134,19 @@ def test_every_literalinclude_became_code(chapter, reader_dir):
         lines = (ROOT / path).read_text().splitlines()[int(first) - 1:int(last or first)]
         shown = code.splitlines()
         assert len(shown) == len(lines)
-        assert all(s.strip() == line.strip() for s, line in zip(shown, lines)), f"{where}: not the file's lines"
+        # the file's lines, but for the docstrings' equation labels, which read as the book's numbers
+        numbered = [_number_labels(line) for line in lines]
+        assert all(s.strip() == line.strip() for s, line in zip(shown, numbered)), f"{where}: not the file's lines"
+
+
+@functools.cache
+def _equation_numbers() -> dict:
+    index = make_reader.build_index()
+    return {label: t.number for label, t in index.targets.items() if t.kind == "equation"}
+
+
+def _number_labels(line: str) -> str:
+    return make_reader._book_extension("rlbook_html").number_equation_labels(line, _equation_numbers().get)
 
 
 def test_the_family_code_section_is_not_empty(reader_dir):
@@ -342,3 +354,14 @@ def test_no_role_is_left_in_generated_tables(chapter, reader_dir):
         for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
             text = "".join(output.get("data", {}).get("text/markdown", ""))
             assert not LEFT_OVER.search(text), LEFT_OVER.search(text)[0]
+
+
+def test_a_listings_equation_labels_become_the_books_numbers(tmp_path):
+    """A docstring names its equation by label; the reader copy prints the number the book gives it ("3.1" here),
+    and leaves a label the book does not number as written."""
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "mod.py").write_text(
+        "def f(x):\n    '''The loss (eq-a), and eq-unknown-label.'''\n    return x\n")
+    ctx = make_reader.Context(_index(), "notebooks/x", 3, {}, tmp_path)
+    listing = "\n".join(make_reader._include(ctx, "/src/pkg/mod.py", {"pyobject": "f"}))
+    assert "The loss (eq. (3.1)), and eq-unknown-label." in listing and not ctx.problems
