@@ -20,12 +20,16 @@ CHAPTER = ROOT / "notebooks" / "part6" / "beyond_one_machine.ipynb"
 
 # configs beyond the presets, for the branches no preset reaches: KL in the reward with an adaptive controller and
 # critic warm-up; dynamic sampling alone (without DAPO's reward manager in verl); GSPO-token; a grpo loss over two
-# micro-batches
+# micro-batches; the entropy methods the engines have (a fixed entropy bonus, verl's Clip-Cov and KL-Cov)
 EXTRA = {
     "ppo+adaptive_kl+warmup": dict(name="ppo", value_pretrain_steps=5, beta=0.05, adaptive_kl_target=6.0),
     "trl_grpo+dynamic_sampling": dict(name="trl_grpo", dynamic_sampling=True),
     "gspo+sequence_token": dict(name="gspo", importance_sampling_level="sequence_token"),
     "grpo+accumulation": dict(name="grpo", gradient_accumulation_steps=2, steps_per_generation=2),
+    # a band and a share wide enough that the small test batch has tokens to cut
+    "dapo+clip_cov+entropy": dict(name="dapo", dynamic_sampling=False, covariance_method="clip_cov", clip_cov_lb=0.0,
+                                  clip_cov_ratio=0.1, entropy_coef=0.01),
+    "grpo+kl_cov": dict(name="grpo", covariance_method="kl_cov"),
 }
 CONFIGS = {**{name: preset(name) for name in PRESETS},
            **{key: preset(**settings) for key, settings in EXTRA.items()}}

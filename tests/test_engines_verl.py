@@ -268,15 +268,24 @@ def test_verl_computes_the_books_loss(verl, key):
     actor = verl.config.omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     old, logp, ref, advantages, mask = small_batch(c, [5, 3, 1, 4, 2, 5])
     kl_in_loss = c.beta > 0 and c.kl_placement == "loss"
-    # one micro-batch is the whole optimizer step here, so the book's micro-batch means are the step's
+    # one micro-batch is the whole optimizer step here, so the book's micro-batch means are the step's. Clip-Cov
+    # draws its tokens at random, verl from torch's global generator: both draw from the same seed
+    covariance = {name: getattr(c, name) for name in ("covariance_method", "clip_cov_ratio", "clip_cov_lb",
+                                                      "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")}
+    torch.manual_seed(0)
     book, _ = policy_loss(logp, old, advantages, mask, epsilon=c.epsilon, epsilon_high=c.epsilon_high,
                           loss_type=c.loss_type, max_completion_length=c.max_completion_length,
                           beta=c.beta if kl_in_loss else 0.0, ref_logp=ref if kl_in_loss else None,
-                          importance_sampling_level=c.importance_sampling_level)
+                          importance_sampling_level=c.importance_sampling_level, **covariance)
+    torch.manual_seed(0)
     ours = verl_actor_loss(verl, actor, old, logp, ref, advantages, mask)
     (book_grad,), (verl_grad,) = torch.autograd.grad(book, logp), torch.autograd.grad(ours, logp)
     torch.testing.assert_close(ours, book, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(verl_grad, book_grad, rtol=1e-5, atol=1e-6)
+    if c.covariance_method is not None:  # the method acted on this batch: not PPO-Clip's loss
+        plain, _ = policy_loss(logp, old, advantages, mask, epsilon=c.epsilon, epsilon_high=c.epsilon_high,
+                               loss_type=c.loss_type, max_completion_length=c.max_completion_length)
+        assert not torch.allclose(plain, book, rtol=1e-4, atol=1e-5)
     if actor.policy_loss.loss_mode == "vanilla":  # and verl's default dual clip would not give the book's loss
         default = verl.config.omega_conf_to_dataclass(OmegaConf.merge(cfg.actor_rollout_ref.actor,
                                                                       {"clip_ratio_c": 3.0}))

@@ -317,7 +317,7 @@ def test_trls_variants_map_under_their_own_names(tmp_path):
             assert getattr(args, key) == value, (name, key)
         unmapped = {"cispo": [], "sapo": [], "delta": ["delta"],
                     "correction": ["vllm_importance_sampling_correction", "off_policy_mask_threshold"],
-                    "entropy": ["top_entropy_quantile", "entropy_coef"]}[name]
+                    "entropy": ["top_entropy_quantile", "use_adaptive_entropy"]}[name]
         for engine in ("verl", "OpenRLHF"):  # not mapped there: blocked (a loss) or named as missing (a setting)
             run = engine_runs(c)[engine]
             if name in ("cispo", "sapo"):
@@ -342,3 +342,23 @@ def test_a_kl_penalty_maps_to_trls_plain_k3_not_its_bias_corrected_one():
     assert grpo_kwargs(preset("grpo", beta=0.04))["use_bias_correction_kl"] is False
     assert "use_bias_correction_kl" not in grpo_kwargs(preset("grpo", beta=0.0))
     assert "use_bias_correction_kl" not in rloo_kwargs(preset("rloo", beta=0.04))
+
+
+def test_the_entropy_methods_map_to_verl_and_openrlhf_where_they_have_them():
+    """A fixed entropy bonus is verl's actor.entropy_coeff and OpenRLHF's --actor.entropy_coef (noted where the
+    engine's aggregation is not a token mean); Clip-Cov and KL-Cov are verl's policy-loss modes of the same names;
+    the high-entropy filter and the adaptive coefficient are in neither, and are named as missing."""
+    actor = "actor_rollout_ref.actor"
+    clip_cov = preset("dapo", dynamic_sampling=False, covariance_method="clip_cov", entropy_coef=0.01)
+    runs = engine_runs(clip_cov)
+    verl = runs["verl"].options
+    assert verl[f"{actor}.policy_loss.loss_mode"] == "clip_cov" and verl[f"{actor}.entropy_coeff"] == "0.01"
+    assert verl[f"{actor}.policy_loss.clip_cov_ratio"] == "0.0002" and f"{actor}.entropy_coeff" not in runs["verl"].notes
+    assert runs["OpenRLHF"].options["--actor.entropy_coef"] == "0.01"
+    assert "covariance_method" in runs["OpenRLHF"].missing and "covariance_method" not in runs["verl"].missing
+    kl_cov = engine_runs(preset("grpo", covariance_method="kl_cov", entropy_coef=0.01))["verl"]
+    assert kl_cov.options[f"{actor}.policy_loss.ppo_kl_coef"] == "0.1" and f"{actor}.entropy_coeff" in kl_cov.notes
+    adaptive = engine_runs(preset("grpo", use_adaptive_entropy=True, top_entropy_quantile=0.2))
+    for engine in ("verl", "OpenRLHF"):
+        assert {"use_adaptive_entropy", "top_entropy_quantile"} <= set(adaptive[engine].missing), engine
+        assert not any("entropy_coef" in k for k in adaptive[engine].options), engine

@@ -937,7 +937,7 @@ def policy_loss(
     clip_cov_lb: float = 1.0,
     clip_cov_ub: float = 5.0,
     kl_cov_ratio: float = 2e-4,
-    ppo_kl_coef: float = 1.0,
+    ppo_kl_coef: float = 0.1,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The family's objective (eq-family-surrogate) for one micro-batch: ratio, clipped surrogate,

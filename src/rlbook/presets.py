@@ -105,15 +105,16 @@ class RLConfig:
     entropy_coef_max: float = 1.0
     entropy_coef_delta: float = 0.005
     entropy_target: float = 0.2
-    # verl's covariance methods (Cui et al.): "clip_cov" cuts the loss of a random clip_cov_ratio share of tokens
-    # whose covariance of log-prob and advantage lies in (clip_cov_lb, clip_cov_ub); "kl_cov" drops the clip and
-    # adds ppo_kl_coef * |log ratio| on the kl_cov_ratio share with the largest covariance; None: off
+    # verl's covariance methods (Cui et al.; its policy_loss.loss_mode and settings, defaults as its ppo_trainer.yaml):
+    # "clip_cov" cuts the loss of a random clip_cov_ratio share of tokens whose covariance of log-prob and advantage
+    # lies in (clip_cov_lb, clip_cov_ub); "kl_cov" drops the clip and adds ppo_kl_coef * |log ratio| on the
+    # kl_cov_ratio share with the largest covariance; None: off
     covariance_method: str | None = None
     clip_cov_ratio: float = 2e-4
     clip_cov_lb: float = 1.0
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 2e-4
-    ppo_kl_coef: float = 1.0
+    ppo_kl_coef: float = 0.1  # verl's ppo_trainer.yaml (its function's fallback is 1.0)
     # --- slot 4, the aggregation: a function of rlbook.objectives ("grpo", "bnpo", "dr_grpo", "dapo"; "gmpo", and
     # "cispo" and "sapo", which also name their surrogate and are aggregated as TRL does: like "dapo" and "grpo")
     loss_type: str = "dapo"

@@ -156,12 +156,23 @@ def _common_missing(c: RLConfig) -> dict[str, str]:
     if c.off_policy_mask_threshold is not None:
         missing["off_policy_mask_threshold"] = ("the book does not map off-policy sequence masking to this engine's "
                                                 "options")
-    for name, changed in (("top_entropy_quantile", c.top_entropy_quantile < 1.0),
-                          ("entropy_coef", c.entropy_coef != 0.0 or c.use_adaptive_entropy),
-                          ("covariance_method", c.covariance_method is not None)):
-        if changed:  # verl has an entropy coefficient and Clip-Cov/KL-Cov; the book does not translate them yet
-            missing[name] = "the book does not map this entropy method to this engine's options"
+    # the entropy methods neither engine has (each engine maps a fixed entropy_coef, and verl Clip-Cov/KL-Cov)
+    if c.top_entropy_quantile < 1.0:
+        missing["top_entropy_quantile"] = "no filter that keeps only the high-entropy tokens in the policy loss"
+    if c.use_adaptive_entropy:
+        missing["use_adaptive_entropy"] = "the entropy coefficient stays fixed (no adaptive control)"
     return missing
+
+
+def _entropy_coef(c: RLConfig, option: str, o: dict, notes: dict, aggregation: str) -> None:
+    """A fixed entropy bonus as the engine's ``option``: both engines average the entropy with the loss's own
+    aggregation, the book (as TRL) with a token mean; the two agree for the token-level aggregations."""
+    if c.entropy_coef == 0.0 or c.use_adaptive_entropy:
+        return
+    o[option] = _str(c.entropy_coef)
+    if c.loss_type not in ("bnpo", "dapo"):
+        notes[option] = (f"the engine averages the entropy as it aggregates the loss ({aggregation}); the book, "
+                         f"as TRL, takes the token mean, so the bonus weighs long and short completions otherwise")
 
 
 def _unmapped_loss(c: RLConfig) -> tuple[str, str] | None:
@@ -338,8 +349,17 @@ def verl_run(c: RLConfig) -> EngineRun:
         notes[f"{actor}.clip_ratio_c"] = ("switches off verl's dual clip (its default c = 3 caps a negative "
                                           "advantage's loss at 3|A|): verl clamps log-ratios to ±20, so no ratio "
                                           "reaches 1e9")
+    if c.covariance_method is not None:  # Cui et al.'s methods: verl's policy-loss modes of the same names
+        o[f"{actor}.policy_loss.loss_mode"] = c.covariance_method
+        if c.covariance_method == "clip_cov":
+            for name in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"):
+                o[f"{actor}.policy_loss.{name}"] = _str(getattr(c, name))
+        else:
+            for name in ("kl_cov_ratio", "ppo_kl_coef"):
+                o[f"{actor}.policy_loss.{name}"] = _str(getattr(c, name))
     if c.loss_type != "gmpo":  # geo_mean ignores loss_agg_mode
         o[f"{actor}.loss_agg_mode"] = VERL_LOSS_AGG[c.loss_type]
+        _entropy_coef(c, f"{actor}.entropy_coeff", o, notes, f"loss_agg_mode={VERL_LOSS_AGG[c.loss_type]}")
         if note := _micro_batch_note(c, f"verl's {VERL_LOSS_AGG[c.loss_type]}"):
             notes[f"{actor}.loss_agg_mode"] = note
     if c.loss_type == "dr_grpo":
@@ -503,6 +523,9 @@ def openrlhf_run(c: RLConfig) -> EngineRun:
                                 f"the command keeps OpenRLHF's token-mean over the optimizer step")
     if "--actor.loss_agg_mode" in o and (note := _micro_batch_note(c, f"OpenRLHF's {o['--actor.loss_agg_mode']}")):
         notes["--actor.loss_agg_mode"] = note
+    _entropy_coef(c, "--actor.entropy_coef", o, notes, o.get("--actor.loss_agg_mode", "token-mean"))
+    if c.covariance_method is not None:
+        missing["covariance_method"] = "no Clip-Cov or KL-Cov policy loss"
     o["--train.max_epochs"] = _str(c.num_iterations)
     # slot 5, the KL (OpenRLHF's default coefficient is 0.01, so 0 is written when there is none)
     o["--algo.kl.init_coef"] = _str(c.beta) if c.beta > 0 else "0"
