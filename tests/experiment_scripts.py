@@ -32,6 +32,13 @@ CONFIG_FIELDS_ADDED = {
     "vllm_importance_sampling_correction": False, "vllm_importance_sampling_mode": "sequence_mask",
     "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0,
     "off_policy_mask_threshold": None,
+    # the entropy methods (TRL's and verl's names), each off at these values, and the training split
+    "top_entropy_quantile": 1.0, "entropy_coef": 0.0, "use_adaptive_entropy": False, "entropy_coef_min": 0.0,
+    "entropy_coef_max": 1.0, "entropy_coef_delta": 0.005, "entropy_target": 0.2, "covariance_method": None,
+    "clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "kl_cov_ratio": 2e-4,
+    # unused without a covariance_method; runs of 2026-12-06 before verl's default was adopted stored 1.0
+    "ppo_kl_coef": frozenset({0.1, 1.0}),
+    "train_split": "train",
 }
 
 
@@ -52,8 +59,13 @@ def provenance_keys(result: dict) -> set[str]:
 
 
 def comparable_config(config: dict) -> dict:
-    """``config`` without the fields of :data:`CONFIG_FIELDS_ADDED` that hold their earlier behaviour."""
-    return {k: v for k, v in config.items() if not (k in CONFIG_FIELDS_ADDED and CONFIG_FIELDS_ADDED[k] == v)}
+    """``config`` without the fields of :data:`CONFIG_FIELDS_ADDED` that hold their earlier behaviour (a value, or
+    one of a frozenset of values)."""
+    def earlier(k, v):
+        added = CONFIG_FIELDS_ADDED.get(k, object())
+        return v in added if isinstance(added, frozenset) else added == v
+
+    return {k: v for k, v in config.items() if not (k in CONFIG_FIELDS_ADDED and earlier(k, v))}
 
 
 def assert_same_layout(written: dict, stored: dict, arm: str) -> None:

@@ -10,6 +10,9 @@
 4. Glossary links (issue 43): every glossary term a chapter's prose uses is linked with `{term}` in that chapter,
    no later than the section of its first use (see `glossary_link_faults`; a short allow-list,
    `GLOSSARY_UNLINKED`, spares the most general words outside the part that defines them).
+5. Numbers are computed: every decimal number and percentage in a chapter's prose (not code, math, roles, code
+   spans, directive options, links) is glued, or it is a setting, a constant or a pilot's figure allow-listed in
+   `PROSE_NUMBERS_EVERYWHERE` or the chapter's entry of `PROSE_NUMBERS_ALLOWED` (see `prose_number_faults`).
 
 Each check is a pure function of the text, so the planted-fault tests below feed it small strings with one
 fault each; the real chapters must pass with no finding. Run `python tests/test_book_text.py` to print every
@@ -1076,6 +1079,205 @@ def test_glossary_link_rule_catches_planted_faults():
         "c:9: 'group' (glossary: group)", "c:10: 'paired seeds' (glossary: paired seeds)"], "a name wraps too"
 
 
+# ---------------------------------------------------------------------------------------------------------
+# 5. Numbers in the prose are glued or allowed
+# ---------------------------------------------------------------------------------------------------------
+
+# The chapters the rule covers: every MyST text notebook with an executed twin, and the introduction.
+NUMBER_CHAPTERS = [p for p in BOOK_MD
+                   if (ROOT / "notebooks" / p.relative_to(ROOT / "book").with_suffix(".ipynb")).exists()
+                   or p == ROOT / "book" / "intro.md"]
+ARXIV = re.compile(r"\barXiv\s*:?\s*\d{4}\.\d{4,5}(?:v\d+)?|(?<![\w.])\d{4}\.\d{4,5}(?:v\d+)?(?![\w.])", re.I)
+# a decimal (digit, point, digit; a version's further ".digits" kept with it), with an optional "%" after it, or
+# a whole number followed by "%"; a "×" after a number does not change it
+PROSE_NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)+)(?:\s?(%))?(?!\w)|(?<![\w.])(\d+)\s?%")
+
+
+def prose_numbers(text: str) -> list[tuple[int, str]]:
+    """(line number, number) of every decimal number and percentage in a chapter's prose, as written, with a
+    percentage written without its space ("12 %" -> "12%"). Prose is what ``classify`` calls prose (no code
+    cells or fences, no math blocks, no directive options, no front matter or comments), less, inside each
+    paragraph, roles ({glue:text}`...`, {eq}`...`, {cite}`...`, ...; a role may wrap onto the next line), code
+    spans, Markdown links and URLs, arXiv identifiers and ``$...$`` math."""
+    lines = text.split("\n")
+    found = []
+    for start, run in paragraphs(lines, classify(lines)):
+        block = ANY_ROLE.sub(_blank, "\n".join(run))
+        block = "\n".join(ARXIV.sub(_blank, MARKDOWN_LINK.sub(_blank, CODE_SPAN.sub(_blank, line)))
+                          for line in block.split("\n"))
+        pieces = DOLLAR.split(block.replace("\\$", "  ").replace("$$", "  "))
+        block = " ".join(p if k % 2 == 0 else re.sub(r"[^\n]", " ", p) for k, p in enumerate(pieces))
+        for m in PROSE_NUMBER.finditer(block):
+            number = m.group(1) + ("%" if m.group(2) else "") if m.group(1) else m.group(3) + "%"
+            found.append((start + block.count("\n", 0, m.start()) + 1, number))
+    return found
+
+
+# Numbers the prose may write by hand. Each value is its category: "setting" (a hyperparameter or threshold the
+# text states as chosen), "constant" (a definition, a version, a section number, a paper's reported value, a
+# worked example computed in the text by hand from stated inputs) or "pilot" (a figure of an earlier pilot, quoted
+# from experiments/PLANS.md, which stores no result file). A result of a stored run or of the chapter's code is
+# never listed here: it is glued ({glue:text}`name:.3f`).
+PROSE_NUMBER_CATEGORIES = {"setting", "constant", "pilot"}
+PROSE_NUMBERS_EVERYWHERE = {
+    "95%": "setting",  # the level of every interval the book reports
+    "80%": "setting",  # the power a planned comparison is designed for
+    "5%": "setting",  # the level of a two-sided test (and the share that Bonferroni divides)
+    "0.2": "setting",  # PPO's and GRPO's clip ε (and PPO's value clip)
+    "0.28": "setting",  # DAPO's ε_high (clip-higher)
+    "0.95": "setting",  # PPO's GAE λ
+    "1.16": "constant",  # the TRL version the book checks against
+}
+PROSE_NUMBERS_ALLOWED = {
+    "appendix/errata.md": {
+        "0.26": "constant",  # the study note's std in its GRPO example
+        "90%": "constant",  # the study note's share of the greedy action
+    },
+    "appendix/reading_experiments.md": {
+        "0.466": "constant",  # an example of how a change is written
+    },
+    "part1/q_learning.md": {
+        "9.3": "constant", "11.5": "constant", "2.2": "constant", "5.4": "constant",  # sections of Sutton & Barto
+        "6.6": "constant",  # Example 6.6 of Sutton & Barto
+        "10%": "constant", "90%": "constant",  # the study note's split for ε = 0.1
+    },
+    "part2/lm_policies.md": {
+        "90%": "setting",  # the training share of each task's split
+        "0.1": "setting",  # the temperature plotted as greedy decoding
+        "0.5": "constant",  # the accuracy at which a standard error is worked out
+    },
+    "part3/policy_gradient.md": {
+        "0.5": "setting",  # the bandit's reward standard deviation
+        "0.483": "pilot", "0.499": "pilot", "0.348": "pilot",  # the 2-seed pilot with rewards {1, 2}
+    },
+    "part3/ppo.md": {
+        "10%": "constant",  # a bias of -0.1 on a KL of 1, worked in the text
+        "0.1": "setting",  # vf_coef; and the rule of thumb for approx_kl
+        "1.5": "constant",  # the standard error of one sampled evaluation (by hand); the assertion's threshold
+        "4.1": "constant", "4.3": "constant",  # step numbers of the algorithm box
+        "0.001": "setting",  # the lower ratio bound of the unclipped arm
+        "20%": "constant",  # the clip's ε = 0.2 as a share
+        "0.07": "pilot", "0.3": "pilot",  # the critic pilots' explained variance and its aim
+        "30%": "constant",  # an exercise's input
+        "90%": "constant",  # the share of the value's move in the worked value-clip cell
+    },
+    "part4/dapo.md": {
+        "0.4": "setting",  # the entropy threshold in nats
+        "0.29": "pilot", "0.23": "pilot",  # the detectable difference and spread from the entropy pilot
+        "90%": "setting",  # the accuracy the arithmetic_solved policy is trained to
+        "0.6": "constant",  # an exercise's input
+    },
+    "part4/dr_grpo.md": {
+        "25%": "setting",  # the plan's target for length inflation
+        "6%": "pilot", "2.5": "pilot",  # the rejected long-answer pilot
+    },
+    "part4/gfpo.md": {
+        "72%": "constant", "71%": "constant", "85%": "constant", "7%": "constant",  # the GFPO paper's figures
+        "0.5": "constant",  # keeping 8 of 16 would keep half the budget
+        "25%": "setting",  # the plan's target for length inflation
+    },
+    "part4/gmpo.md": {
+        "0.1": "constant",  # an example ratio
+        "4.1%": "constant", "1.4%": "constant",  # the GMPO paper's gains
+        "3.25": "constant", "1.78": "constant",  # the study note's AM and GM of [1, 1, 1, 10]
+        "0.4": "setting", "0.8": "setting", "1.2": "setting",  # GMPO's log clip, GRPO's clip range
+    },
+    "part4/grpo.md": {
+        "0.26": "constant", "1.15": "constant",  # the study note's worked example
+        "90%": "constant",  # an accuracy one might hope for
+    },
+    "part4/lambda_grpo.md": {
+        "1.9": "constant", "1.0": "constant", "1.7": "constant",  # the λ-GRPO paper's gains
+    },
+    "part5/dpo.md": {
+        "0.018": "constant", "0.5": "constant", "0.98": "constant",  # σ(−4), σ(0), σ(4): the worked weights
+        "0.28": "constant",  # a TRL version
+    },
+    "part5/gapo.md": {
+        "0.1": "setting",  # the gain a hidden cell asserts
+        "0.01": "setting",  # the KL coefficient
+        "0.44": "pilot", "0.60": "pilot", "0.83": "pilot",  # the judge pilots listed in experiments/PLANS.md
+        "90%": "setting",  # the judge accuracy aimed for
+    },
+    "part5/ppo_rlhf.md": {
+        "20%": "constant",  # the adaptive KL controller's limit per horizon
+        "2%": "constant",  # its step for n/H = 0.1, worked in the text
+        "0.5": "setting",  # the bracket width called narrow
+    },
+    "part5/vapo.md": {
+        "60.4": "constant",  # the VAPO paper's AIME 2024 score
+        "5%": "constant",  # the length-adaptive λ's horizon, a share of the length
+        "0.5": "setting",  # α rescaled; λ_policy of a 40-token answer (worked)
+        "0.81": "constant", "0.9": "constant", "0.98": "constant",  # λ_policy = 1 − 1/(α l), worked
+        "0.1": "pilot",  # the critic pilots' explained variance (experiments/PLANS.md)
+    },
+    "part6/beyond_one_machine.md": {
+        "8.0": "constant",  # a CUDA compute capability
+        "0.4": "setting",  # GMPO's ε
+    },
+    "part6/family.md": {
+        "0.05": "setting", "0.04": "setting", "0.01": "setting",  # KL coefficients
+        "0.4": "setting", "0.0003": "setting", "0.0004": "setting",  # GMPO's and GSPO's clip ranges
+    },
+    "part6/head_to_head.md": {
+        "0.04": "setting", "0.05": "setting",  # GRPO's and PPO-RLHF's KL coefficients
+    },
+}
+
+
+def prose_number_faults(text: str, name: str = "<text>", allowed: dict | None = None) -> list[str]:
+    """'name:line: number' for every number of the prose that is neither in the global allow-list nor in
+    ``allowed`` (the chapter's own)."""
+    ok = PROSE_NUMBERS_EVERYWHERE | (allowed or {})
+    return [f"{name}:{line}: {number!r} is typed by hand: glue it, or allow-list it (setting, constant, pilot)"
+            for line, number in prose_numbers(text) if number not in ok]
+
+
+def chapter_key(path: Path) -> str:
+    return str(path.relative_to(ROOT / "book"))
+
+
+@pytest.mark.parametrize("path", NUMBER_CHAPTERS, ids=rel)
+def test_prose_numbers_are_glued_or_allowed(path):
+    """"Every number in the prose is computed": a decimal number (0.44, 3.9×, 41.25) or a percentage (12 %, 4.1 %)
+    in a chapter's prose is glued from the chapter's code, or it is a setting, a constant or a pilot's figure
+    listed in PROSE_NUMBERS_EVERYWHERE or in the chapter's entry of PROSE_NUMBERS_ALLOWED."""
+    faults = prose_number_faults(path.read_text(encoding="utf-8"), rel(path),
+                                 PROSE_NUMBERS_ALLOWED.get(chapter_key(path), {}))
+    if faults:
+        pytest.fail("\n".join(faults), pytrace=False)
+
+
+def test_prose_number_allow_list_is_current():
+    """Every entry names a category and a chapter, and every chapter's entry is still written in its prose (an
+    entry no longer needed would let a hand-typed result back in unseen)."""
+    keys = {chapter_key(p): p for p in NUMBER_CHAPTERS}
+    for allowed in (PROSE_NUMBERS_EVERYWHERE, *PROSE_NUMBERS_ALLOWED.values()):
+        assert set(allowed.values()) <= PROSE_NUMBER_CATEGORIES, allowed
+    stale = []
+    for key, allowed in PROSE_NUMBERS_ALLOWED.items():
+        assert key in keys, f"{key} is no chapter"
+        written = {n for _, n in prose_numbers(keys[key].read_text(encoding="utf-8"))}
+        stale += [f"{key}: {n}" for n in allowed if n not in written]
+    assert not stale, f"allow-list entries no longer in the prose: {stale}"
+
+
+def test_prose_number_rule_catches_planted_faults():
+    chapter = ("---\njupytext:\n  version: 1.16\nkernelspec:\n  name: python3\n---\n\n# T\n\n"
+               "Accuracy rose to {glue:text}`x_end:.3f` with $\\epsilon = 0.3$ and `lr=0.001`, see\n"
+               "[arXiv:2402.03300](https://arxiv.org/abs/2402.03300) and {eq}`eq-1.5`.\n\n"
+               "```{code-cell} ipython3\nassert 0.44 < end < 0.61\n```\n\n"
+               "```{math}\n\\lambda = 0.95\n```\n\n"
+               "```{glue:figure} fig-x\n:alt: Accuracy rises to 0.57.\n:name: fig-x\n\nThe caption.\n```\n\n"
+               "The mean rose to 0.57, 3.9× the start; {glue:text}`x_pct:.1f` % of tokens and\n"
+               "12 % of the prompts; the clip 0.2 as set.\n")
+    faults = prose_number_faults(chapter, "c")
+    assert [f.split(" is typed")[0] for f in faults] == ["c:28: '0.57'", "c:28: '3.9'", "c:29: '12%'"], faults
+    assert prose_number_faults(chapter, "c", {"0.57": "pilot", "3.9": "constant", "12%": "setting"}) == []
+    assert prose_numbers("A gain of 4.1 % and 41.25 points.\n") == [(1, "4.1%"), (1, "41.25")]
+    assert prose_numbers("a wrapped {glue:text}`x_a:.2f` and {glue:text}`x_b:.2f` role, then $a = 0.5$\n") == []
+
+
 if __name__ == "__main__":  # every finding at once: python tests/test_book_text.py
     for path in BOOK_MD:
         for fault in lint_text(path.read_text(encoding="utf-8"), rel(path)):
@@ -1101,4 +1303,8 @@ if __name__ == "__main__":  # every finding at once: python tests/test_book_text
         for fault in faults:
             print(fault)
         for fault in glossary_link_faults(text, glossary(), rel(path), path.parent.name):
+            print(fault)
+    for path in NUMBER_CHAPTERS:
+        for fault in prose_number_faults(path.read_text(encoding="utf-8"), rel(path),
+                                         PROSE_NUMBERS_ALLOWED.get(chapter_key(path), {})):
             print(fault)
