@@ -11,6 +11,7 @@ the vLLM importance-sampling correction in its four modes. TRL computes that cor
 `_generate_and_score_completions`; the test cuts that block out of TRL's own source and runs it on our tensors.
 """
 
+import functools
 import inspect
 import math
 import textwrap
@@ -50,12 +51,15 @@ class _Accelerator:
     def reduce(x, reduction="sum"):
         return x
 
+    @staticmethod
+    def pad_across_processes(x, dim=0, pad_index=0):
+        return x
 
-def _trl_loss(loss_type, logp, old_logp, ref_logp, advantages, mask, *, beta, epsilon, epsilon_high,
-              max_completion_length, num_items_in_batch, args=None, inputs=None, **attributes):
-    """TRL's loss on our tensors; ``args`` (GRPOConfig fields), ``inputs`` (the batch's extra entries) and
-    ``attributes`` (the trainer's) add to or replace the stand-in's defaults."""
-    B, T = mask.shape
+
+def _trl_stand_in(loss_type, logp, *, beta, epsilon, epsilon_high, max_completion_length, args=None,
+                  **attributes):
+    """A stand-in for TRL's trainer carrying the attributes ``_compute_loss`` reads, its forward returning
+    ``logp``; ``args`` (GRPOConfig fields) and ``attributes`` (the trainer's) add to or replace the defaults."""
     stand_in = SimpleNamespace(**{
         "_get_per_token_logps_and_entropies": lambda *a, **k: (logp, torch.zeros_like(logp), None),
         "top_entropy_quantile": 1.0, "off_policy_mask_threshold": None, "importance_sampling_level": "token",
@@ -69,13 +73,28 @@ def _trl_loss(loss_type, logp, old_logp, ref_logp, advantages, mask, *, beta, ep
                                    "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, **(args or {})}),
         **attributes,
     })
-    inputs = {
+    stand_in.get_high_entropy_mask = functools.partial(GRPOTrainer.get_high_entropy_mask, stand_in)  # TRL's own
+    return stand_in
+
+
+def _trl_inputs(old_logp, ref_logp, advantages, mask, num_items_in_batch, inputs=None) -> dict:
+    """The batch ``_compute_loss`` reads; ``inputs`` adds to or replaces its entries."""
+    B, T = mask.shape
+    return {
         "prompt_ids": torch.ones((B, 3), dtype=torch.long), "prompt_mask": torch.ones((B, 3), dtype=torch.long),
         "completion_ids": torch.ones((B, T), dtype=torch.long), "completion_mask": mask.long(),
         "advantages": advantages, "old_per_token_logps": old_logp, "ref_per_token_logps": ref_logp,
         "num_items_in_batch": torch.tensor(float(num_items_in_batch)), **(inputs or {}),
     }
-    return GRPOTrainer._compute_loss(stand_in, None, inputs)
+
+
+def _trl_loss(loss_type, logp, old_logp, ref_logp, advantages, mask, *, beta, epsilon, epsilon_high,
+              max_completion_length, num_items_in_batch, args=None, inputs=None, **attributes):
+    """TRL's loss on our tensors (:func:`_trl_stand_in`, :func:`_trl_inputs`)."""
+    stand_in = _trl_stand_in(loss_type, logp, beta=beta, epsilon=epsilon, epsilon_high=epsilon_high,
+                             max_completion_length=max_completion_length, args=args, **attributes)
+    return GRPOTrainer._compute_loss(stand_in, None,
+                                     _trl_inputs(old_logp, ref_logp, advantages, mask, num_items_in_batch, inputs))
 
 
 def _tensors(seed, B=12, T=7):
@@ -297,12 +316,6 @@ def test_sampler_correction_and_off_policy_mask_in_the_loss_equal_trls(loss_type
 # --- the entropy methods: the high-entropy minority and the (adaptive) entropy bonus ----------------------------
 
 
-class _Gathering(_Accelerator):
-    @staticmethod
-    def pad_across_processes(x, dim=0, pad_index=0):
-        return x
-
-
 def _entropies(seed, mask):
     g = torch.Generator().manual_seed(seed)
     return (torch.rand(mask.shape, generator=g) * 2.0 + 0.05) * mask
@@ -312,7 +325,7 @@ def _entropies(seed, mask):
 def test_high_entropy_mask_equals_trls(rho):
     _, _, _, _, mask = _tensors(800 + int(10 * rho))
     entropies = _entropies(800, mask)
-    stand_in = SimpleNamespace(accelerator=_Gathering())
+    stand_in = SimpleNamespace(accelerator=_Accelerator())
     theirs = GRPOTrainer.get_high_entropy_mask(stand_in, entropies, mask, 1 - rho)
     assert torch.equal(high_entropy_mask(entropies, mask, rho), theirs)
 
@@ -342,15 +355,11 @@ def test_entropy_filter_and_bonus_in_the_loss_equal_trls(loss_type, rho, coef):
             loss = _ours_with_entropy(x, h, old_logp, advantages, mask, loss_type, num_items, rho, coef, beta,
                                       ref_logp)
         else:
-            stand_in_attrs = dict(
-                _get_per_token_logps_and_entropies=lambda *a, **k: (x, h, None), top_entropy_quantile=rho,
-                _entropy_bonus_enabled=coef != 0.0, entropy_coef=coef, use_adaptive_entropy=False,
-                accelerator=_Gathering())
-            stand_in_attrs["get_high_entropy_mask"] = lambda *a: GRPOTrainer.get_high_entropy_mask(
-                SimpleNamespace(accelerator=_Gathering()), *a)
             loss = _trl_loss(loss_type, x, old_logp, ref_logp, advantages, mask, beta=beta, epsilon=0.2,
                              epsilon_high=0.28, max_completion_length=10, num_items_in_batch=num_items,
-                             **stand_in_attrs)
+                             _get_per_token_logps_and_entropies=lambda *a, **k: (x, h, None),
+                             top_entropy_quantile=rho, _entropy_bonus_enabled=coef != 0.0, entropy_coef=coef,
+                             use_adaptive_entropy=False)
         loss.backward()
         results.append((loss.detach(), x.grad, h.grad))
     (ours, ours_grad, ours_h), (theirs, trl_grad, trl_h) = results
@@ -367,41 +376,23 @@ def test_adaptive_entropy_coefficient_follows_trls_controller():
     logp, old_logp, ref_logp, rewards, mask = _tensors(950)
     advantages = group_advantages(rewards, num_generations=4)
     settings = dict(entropy_target=0.6, entropy_coef_delta=0.02, entropy_coef_min=0.0, entropy_coef_max=0.05)
-    stand_in_state = dict(entropy_coef=0.01, use_adaptive_entropy=True, _entropy_bonus_enabled=True,
-                          _last_world_entropy=float("inf"), _entropy_window_stats=None, top_entropy_quantile=1.0)
+    # one stand-in for the whole run: TRL keeps the controller's state on the trainer
+    stand_in = _trl_stand_in("dapo", logp, beta=0.0, epsilon=0.2, epsilon_high=0.28, max_completion_length=10,
+                             args=settings, entropy_coef=0.01, use_adaptive_entropy=True,
+                             _entropy_bonus_enabled=True, _last_world_entropy=float("inf"),
+                             _entropy_window_stats=None)
     coef, last_entropy, path = 0.01, float("inf"), []
     scales = [0.2, 0.3, 0.5, 0.9, 0.9, 0.9, 0.2, 0.1, 0.1, 0.8, 0.9, 0.3]  # below, then above, the target
     for step, scale in enumerate(scales):
         entropies = _entropies(960 + step, mask) * scale
         applied = coef if last_entropy <= settings["entropy_target"] else 0.0
         ours = _ours_with_entropy(logp, entropies, old_logp, advantages, mask, "dapo", mask.sum(), 1.0, applied)
-        holder = {}
-
-        def compute(entropies=entropies):
-            stand_in = SimpleNamespace(**{
-                "_get_per_token_logps_and_entropies": lambda *a, **k: (logp, entropies, None),
-                "beta": 0.0, "loss_type": "dapo", "epsilon_low": 0.2, "epsilon_high": 0.28, "use_vllm": False,
-                "model": SimpleNamespace(training=True), "current_gradient_accumulation_steps": 1,
-                "max_completion_length": 10, "accelerator": _Gathering(), "aux_loss_enabled": False,
-                "off_policy_mask_threshold": None, "importance_sampling_level": "token",
-                "_metrics": defaultdict(lambda: defaultdict(list)),
-                "args": SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1,
-                                        **settings),
-                **stand_in_state})
-            inputs = {"prompt_ids": torch.ones((mask.shape[0], 3), dtype=torch.long),
-                      "prompt_mask": torch.ones((mask.shape[0], 3), dtype=torch.long),
-                      "completion_ids": torch.ones(mask.shape, dtype=torch.long), "completion_mask": mask.long(),
-                      "advantages": advantages, "old_per_token_logps": old_logp, "ref_per_token_logps": None,
-                      "num_items_in_batch": mask.sum()}
-            holder["loss"] = GRPOTrainer._compute_loss(stand_in, None, inputs)
-            for key in stand_in_state:
-                stand_in_state[key] = getattr(stand_in, key)
-
-        compute()
-        assert holder["loss"].item() == pytest.approx(ours.item(), abs=AGREE, rel=AGREE), step
+        stand_in._get_per_token_logps_and_entropies = lambda *a, h=entropies, **k: (logp, h, None)
+        theirs = GRPOTrainer._compute_loss(stand_in, None, _trl_inputs(old_logp, None, advantages, mask, mask.sum()))
+        assert theirs.item() == pytest.approx(ours.item(), abs=AGREE, rel=AGREE), step
         entropy = ((entropies * mask).sum() / mask.sum()).item()
         coef, last_entropy = adaptive_entropy_coef(coef, entropy, **settings), entropy
-        assert stand_in_state["entropy_coef"] == pytest.approx(coef, abs=1e-12), step
+        assert stand_in.entropy_coef == pytest.approx(coef, abs=1e-12), step
         path.append(coef)
     # the path reached both bounds: it rose to the max and fell to the min
     assert max(path) == pytest.approx(settings["entropy_coef_max"]) and min(path) == 0.0

@@ -112,6 +112,18 @@ VAPO_ABLATIONS = {
 }
 
 _DAPO_PARTS = dict(dynamic_sampling=False, mask_truncated_completions=False, overlong_buffer_length=None)
+# The sampler and the learner disagree (outlier_ratios, sampler_mismatch): a sampler at temperature 1.3 whose
+# log-probs the ratio divides by, the learner at 1, four updates per rollout; and the arm's settings that undo it.
+_MISMATCH = dict(learning_rate=3e-4, max_steps=200, num_iterations=4, per_device_train_batch_size=64,
+                 sampler_temperature=1.3, old_logprobs="sampler")
+_MATCHED = dict(sampler_temperature=None, old_logprobs="learner")
+
+
+def _corrected(mode: str, **clip) -> Arm:
+    """GRPO with pi_old recomputed by the learner and the sampler-mismatch weight of ``mode`` (TRL's names)."""
+    return Arm("grpo", beta=0.0, old_logprobs="learner", vllm_importance_sampling_correction=True,
+               vllm_importance_sampling_mode=mode, **{f"vllm_importance_sampling_{k}": v for k, v in clip.items()})
+
 
 ORGANISMS: dict[str, Organism] = {
     # Dr. GRPO's failure: GRPO's per-completion token mean 1/|o_i| gives each token of a long wrong answer a smaller
@@ -178,11 +190,10 @@ ORGANISMS: dict[str, Organism] = {
                     "1, four updates per rollout: the token ratios are off from the first update",
         policy="arithmetic",
         task_kwargs={"incorrect_reward": -1.0},
-        settings=dict(learning_rate=3e-4, max_steps=200, num_iterations=4, per_device_train_batch_size=64,
-                      sampler_temperature=1.3, old_logprobs="sampler"),
+        settings=dict(_MISMATCH),
         arms={"grpo": Arm("grpo", beta=0.0), "gmpo": Arm("gmpo"),
               # the control: the same GRPO with the sampler and the learner agreeing
-              "grpo_matched": Arm("grpo", beta=0.0, sampler_temperature=None, old_logprobs="learner"),
+              "grpo_matched": Arm("grpo", beta=0.0, **_MATCHED),
               # GRPO without its clip (epsilon_high 1e9; the lower clip at 0.001 never binds in practice)
               "grpo_no_clip": Arm("grpo", beta=0.0, epsilon=0.999, epsilon_high=1e9),
               # added after the first runs: GRPO with GMPO's range, (e^-0.4, e^0.4) = (0.67, 1.49), as a linear
@@ -204,25 +215,17 @@ ORGANISMS: dict[str, Organism] = {
                     "sampler-mismatch corrections against GRPO dividing by the sampler's log-probs",
         policy="arithmetic",
         task_kwargs={"incorrect_reward": -1.0},
-        settings=dict(learning_rate=3e-4, max_steps=200, num_iterations=4, per_device_train_batch_size=64,
-                      sampler_temperature=1.3, old_logprobs="sampler"),
+        settings=dict(_MISMATCH),
         arms={"grpo": Arm("grpo", beta=0.0),
               "grpo_recompute": Arm("grpo", beta=0.0, old_logprobs="learner"),
-              "tis_token": Arm("grpo", beta=0.0, old_logprobs="learner", vllm_importance_sampling_correction=True,
-                               vllm_importance_sampling_mode="token_truncate",
-                               vllm_importance_sampling_clip_max=2.0),
-              "mis_sequence": Arm("grpo", beta=0.0, old_logprobs="learner",
-                                  vllm_importance_sampling_correction=True,
-                                  vllm_importance_sampling_mode="sequence_mask",
-                                  vllm_importance_sampling_clip_max=3.0),
-              "icepop": Arm("grpo", beta=0.0, old_logprobs="learner", vllm_importance_sampling_correction=True,
-                            vllm_importance_sampling_mode="token_mask", vllm_importance_sampling_clip_min=0.5,
-                            vllm_importance_sampling_clip_max=5.0),
+              "tis_token": _corrected("token_truncate", clip_max=2.0),
+              "mis_sequence": _corrected("sequence_mask", clip_max=3.0),
+              "icepop": _corrected("token_mask", clip_min=0.5, clip_max=5.0),
               "off_policy_mask": Arm("grpo", beta=0.0, old_logprobs="learner", off_policy_mask_threshold=0.5),
               "cispo": Arm("grpo", beta=0.0, loss_type="cispo", epsilon_high=5.0),
               "sapo": Arm("grpo", beta=0.0, loss_type="sapo"),
               # added after the pilot, as a reference: no mismatch at all (the sampler at the learner's temperature)
-              "grpo_matched": Arm("grpo", beta=0.0, sampler_temperature=None, old_logprobs="learner")},
+              "grpo_matched": Arm("grpo", beta=0.0, **_MATCHED)},
         metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=25,
     ),
     # GSPO's routing drift: a mixture of experts (16 a layer, 2 per token, no load-balancing loss) whose routers learn

@@ -784,8 +784,8 @@ def _seed(seed: int, step: int, round_: int = 0, rank: int = 0) -> int:
 
 class _Learner(torch.nn.Module):
     """The models the update trains, as one module whose forward gives a micro-batch's log-probs (when
-    ``with_policy``), values (when there is a value model) and token entropies (when ``with_entropy``): what ``DistributedDataParallel`` wraps, since
-    it synchronises the gradients of what ran through its forward."""
+    ``with_policy``), values (when there is a value model) and token entropies (when ``with_entropy``): what
+    ``DistributedDataParallel`` wraps, since it synchronises the gradients of what ran through its forward."""
 
     def __init__(self, policy, value_model=None):
         super().__init__()
