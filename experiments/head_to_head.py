@@ -26,8 +26,20 @@ far, so that accuracy can be read at equal samples and at equal wall time. A sec
 training steps of every algorithm in a fresh process each and records the peak resident memory that training
 added and the models it held.
 
-    python experiments/head_to_head.py --seeds 5 --processes 2     # experiments/results/head_to_head.json
+    python experiments/head_to_head.py --seeds 5 --processes 2     # exploratory/head_to_head_shared_rate.json
     python experiments/head_to_head.py --memory                     # adds the memory pass to the stored file
+
+That first run is exploratory: every algorithm at one shared learning rate (3e-4), no plan. The fair comparison
+(:func:`run_tuning`, :func:`run_confirmation`) gives every algorithm the same tuning budget on validation prompts
+(four learning rates, and one update per rollout for the recipes that make several, three seeds), selects each
+one's setting by a rule fixed in its plan, then trains it on fresh seeds and tests it on the test prompts::
+
+    python experiments/head_to_head.py --phase tuning --plan experiments/plans/head_to_head_tuning.md
+    python experiments/head_to_head.py --phase confirmation --plan experiments/plans/head_to_head.md
+    python experiments/head_to_head.py --phase confirmation --memory    # peak memory at the selected settings
+    python experiments/head_to_head.py --phase verdicts                 # experiments/results/head_to_head_verdicts.json
+
+Both can be made in parts (``--organisms``, ``--algorithms``): what the results file holds already is skipped.
 """
 
 from __future__ import annotations
@@ -47,7 +59,8 @@ from rlbook.callbacks import TrainerCallback
 from rlbook.evaluation import HeldOutEvaluation
 from rlbook.experiment import Arm, provenance, run_experiment, train_run
 
-RESULTS = Path(__file__).parent / "results" / "head_to_head.json"
+RESULTS = Path(__file__).parent / "results" / "head_to_head.json"  # the fair comparison's confirmation
+SHARED_RATE_RESULTS = Path(__file__).parent / "results" / "exploratory" / "head_to_head_shared_rate.json"
 BATCH = 64  # completions sampled per step by every algorithm
 EVALUATION = dict(num_prompts=1024, num_samples=4)
 VALUE_PRETRAIN_STEPS = 10  # VAPO's value pretraining rounds (the paper: 50), counted in its samples and seconds
@@ -95,18 +108,23 @@ ALGORITHMS = {
     "gfpo": Arm("gfpo"),
     "lambda_grpo": Arm("lambda_grpo"),
 }
+# the fair comparison's arms: every algorithm above, TRL's default GRPO (what a practitioner would pick instead) and
+# the two soft-clip losses of Part VII at TRL's settings (as on the sampler-mismatch organism)
+FAIR_ALGORITHMS = {**ALGORITHMS, "trl_grpo": Arm("trl_grpo"),
+                   "cispo": Arm("grpo", beta=0.0, loss_type="cispo", epsilon_high=5.0),
+                   "sapo": Arm("grpo", beta=0.0, loss_type="sapo")}
 LOGGED = ("accuracy", "reward", "entropy", "completions/mean_length", "num_completions", "approx_kl",
           "time/generate", "time/score", "time/update")
 STEP_TIME = ("time/generate", "time/score", "time/update")
 
 
-def arm_for(algorithm: str, organism: str) -> Arm | dict:
-    """The arm of ``algorithm`` on ``organism``: the organism's task setting added, VAPO's alpha rescaled (a DPO
-    arm, a dict, as it is)."""
-    spec, arm = SETTINGS[organism], ALGORITHMS[algorithm]
+def arm_for(algorithm: str, organism: str, **overrides) -> Arm | dict:
+    """The arm of ``algorithm`` (of :data:`FAIR_ALGORITHMS`) on ``organism``: the organism's task setting added,
+    VAPO's alpha rescaled, then ``overrides`` (a DPO arm is a dict: ``overrides`` update it)."""
+    spec, arm = SETTINGS[organism], FAIR_ALGORITHMS[algorithm]
     if isinstance(arm, dict):
-        return arm
-    overrides = dict(arm.overrides)
+        return {**arm, **overrides}
+    overrides = {**arm.overrides, **overrides}
     if algorithm == "vapo":
         overrides["lam_alpha"] = spec["vapo_alpha"]
     return Arm(arm.preset, task_kwargs={**spec["task_kwargs"], **arm.task_kwargs}, **overrides)
@@ -137,15 +155,23 @@ def _evaluation(organism: str, evaluation: dict | None):
 
 def run_one(algorithm: str, arm: Arm, seed: int, *, organism: str, evaluation: dict | None = None,
             **settings) -> dict:
-    """One run of ``algorithm`` on ``organism`` (``settings`` and ``evaluation`` shorten it in the tests)."""
+    """One run of ``arm`` (``algorithm``'s, :func:`arm_for`) on ``organism`` (``settings`` and ``evaluation``
+    shorten it in the tests). A run the trainer stops because a loss or gradient is not finite is recorded with
+    ``"diverged"`` (the error) and the evaluations made before it, instead of ending the whole experiment."""
     if isinstance(arm, dict):
-        return run_dpo(seed, organism=organism, rpo_alpha=arm["rpo_alpha"], evaluation=evaluation, **settings)
+        return run_dpo(seed, organism=organism, rpo_alpha=arm["rpo_alpha"], evaluation=evaluation,
+                       steps=arm.get("steps", DPO_ROUND["steps"]), **settings)
     spec = SETTINGS[organism]
     held_out, pretraining = _evaluation(organism, evaluation), PretrainingCost()
-    record = train_run(spec["policy"], arm_for(algorithm, organism), seed, callbacks=[held_out, pretraining],
-                       logged=LOGGED, **{**spec["settings"], **settings})
+    try:
+        record = train_run(spec["policy"], arm, seed, callbacks=[held_out, pretraining], logged=LOGGED,
+                           **{**spec["settings"], **settings})
+    except ValueError as error:
+        if "is not finite" not in str(error):
+            raise
+        record = {"diverged": str(error), "metrics": {k: [] for k in STEP_TIME}}
     # the cost so far at each evaluation: completions sampled and training seconds, value pretraining included
-    step_seconds = np.sum([[t or 0.0 for t in record["metrics"][k]] for k in STEP_TIME], axis=0)
+    step_seconds = np.sum([[t or 0.0 for t in record["metrics"][k]] for k in STEP_TIME], axis=0).reshape(-1)
     for e in held_out.records:
         e["samples"] = e["num_completions"] + pretraining.samples
         e["seconds"] = round(pretraining.seconds + float(step_seconds[: e["step"]].sum()), 3)
@@ -157,6 +183,8 @@ def run_one(algorithm: str, arm: Arm, seed: int, *, organism: str, evaluation: d
 class PretrainingCost(TrainerCallback):
     """The completions and seconds the trainer's value pretraining spent (0 for a run without it)."""
 
+    samples, seconds = 0, 0.0
+
     def on_train_begin(self, trainer):
         rounds = trainer.value_pretrain_history
         self.samples = len(rounds) * trainer.config.generation_batch_size
@@ -164,9 +192,10 @@ class PretrainingCost(TrainerCallback):
 
 
 def run_dpo(seed: int, *, organism: str, rpo_alpha: float | None = None, evaluation: dict | None = None,
-            **settings) -> dict:
+            steps: int = DPO_ROUND["steps"], **settings) -> dict:
     """Iterated DPO on the policy's own samples: rounds of :data:`DPO_ROUND` (the reference is the policy at the
-    round's start) until the RL arms' sample budget is spent; held-out evaluations as the RL arms'."""
+    round's start; ``steps`` optimiser steps per round) until the RL arms' sample budget is spent; held-out
+    evaluations as the RL arms'. The pairs' prompts come from ``settings["train_split"]`` (default "train")."""
     import torch
 
     from rlbook.checkpoints import RECIPES, load_base_policy
@@ -193,15 +222,15 @@ def run_dpo(seed: int, *, organism: str, rpo_alpha: float | None = None, evaluat
     for r in range(rounds):
         timer = time.perf_counter()
         rng = np.random.default_rng([seed, r])
-        examples = task.sample(DPO_ROUND["prompts"], seed=rng, split="train")
+        examples = task.sample(DPO_ROUND["prompts"], seed=rng, split=common.get("train_split", "train"))
         pairs = on_policy_pairs(policy, tokenizer, task, examples, num_generations=DPO_ROUND["num_generations"],
                                 max_new_tokens=budget_tokens, seed=1000 * seed + r, rng=rng)
         if pairs:
             config = DPOConfig(beta=DPO_ROUND["beta"], learning_rate=common["learning_rate"],
-                               per_device_train_batch_size=DPO_ROUND["batch"], max_steps=DPO_ROUND["steps"],
+                               per_device_train_batch_size=DPO_ROUND["batch"], max_steps=steps,
                                rpo_alpha=rpo_alpha, seed=1000 * seed + r)
             history = train_dpo(policy, tokenizer, pairs, config=config)
-        view.step += DPO_ROUND["steps"]
+        view.step += steps
         view.history.append({"num_completions": round_samples})
         rows.append({"num_pairs": len(pairs), "loss": round(history[-1]["loss"], 6) if pairs else None,
                      "seconds": round(time.perf_counter() - timer, 3)})
@@ -209,11 +238,308 @@ def run_dpo(seed: int, *, organism: str, rpo_alpha: float | None = None, evaluat
             held_out.measure(view)
     for e in held_out.records:
         e["samples"] = e["num_completions"]
-        e["seconds"] = round(sum(row["seconds"] for row in rows[: e["step"] // DPO_ROUND["steps"]]), 3)
+        e["seconds"] = round(sum(row["seconds"] for row in rows[: e["step"] // steps]), 3)
     return {"evals": held_out.records, "rounds": rows, "pretrain": {"samples": 0},
-            "config": {"algorithm": "dpo", **DPO_ROUND, "rpo_alpha": rpo_alpha, "rounds": rounds,
+            "config": {"algorithm": "dpo", **DPO_ROUND, "steps": steps, "rpo_alpha": rpo_alpha, "rounds": rounds,
                        "learning_rate": common["learning_rate"], "max_completion_length": budget_tokens},
             "seconds": round(time.perf_counter() - start, 1)}
+
+
+# --- the fair comparison: the same tuning for every arm on validation prompts, then fresh seeds on test prompts ---
+# (experiments/plans/head_to_head_tuning.md and head_to_head.md; the shared-rate run above is exploratory)
+
+LEARNING_RATES = (3e-5, 1e-4, 3e-4, 1e-3)
+# the recipes that update more than once per rollout, and what makes them update once: PPO's 4 epochs, GSPO's 4
+# minibatches of 16 (one batch of 64 instead), DPO's 16 steps of 32 pairs per round of at most 128 pairs (4)
+ONE_UPDATE = {"ppo": {"num_iterations": 1}, "ppo_kl": {"num_iterations": 1},
+              "gspo": {"per_device_train_batch_size": BATCH, "steps_per_generation": 1},
+              "dpo": {"steps": 4}, "dpo_nll": {"steps": 4}}
+TRAIN_SPLIT = "train_without_validation"  # the problems outside both the validation and the test prompts
+TUNING_SEEDS = (200, 201, 202)
+TUNING_EVALUATION = dict(num_prompts=512, num_samples=2, split="validation")  # at 0, 1/4, 1/2, 3/4 and all steps
+CONFIRMATION_SEEDS = tuple(range(300, 312))
+CONFIRMATION_EVERY = 50  # steps between test evaluations (1,024 prompts x 4 samples, as the shared-rate run's)
+TUNING_RESULTS = RESULTS.with_name("head_to_head_tuning.json")
+SELECTION_DIGITS = 3  # validation scores equal to 3 decimals are a tie: the smaller rate, then one update, wins
+
+
+def tuning_grid(algorithm: str) -> list[dict]:
+    """Every setting the tuning tries for ``algorithm``: each learning rate, and for a recipe that updates more
+    than once per rollout each rate again with one update."""
+    ones = (False, True) if algorithm in ONE_UPDATE else (False,)
+    return [{"learning_rate": lr, "one_update": one} for lr in LEARNING_RATES for one in ones]
+
+
+def setting_name(organism: str, algorithm: str, setting: dict | None = None) -> str:
+    """``short/grpo`` (a confirmation arm), or ``short/grpo/lr=0.0003`` and ``.../one_update`` (a tuning arm)."""
+    if setting is None:
+        return f"{organism}/{algorithm}"
+    return f"{organism}/{algorithm}/lr={setting['learning_rate']:g}" + "/one_update" * setting["one_update"]
+
+
+def tuning_arms(organisms=tuple(SETTINGS), algorithms=tuple(FAIR_ALGORITHMS)) -> dict[str, dict]:
+    return {setting_name(o, a, s): {"organism": o, "algorithm": a, **s}
+            for o in organisms for a in algorithms for s in tuning_grid(a)}
+
+
+def run_setting(name: str, arm: dict, seed: int, *, phase: str, evaluation: dict | None = None, **settings) -> dict:
+    """One run of a fair-comparison arm ``{"organism", "algorithm", "learning_rate", "one_update"}``, trained on
+    :data:`TRAIN_SPLIT`: in the ``"tuning"`` phase evaluated on validation prompts (:data:`TUNING_EVALUATION`, at
+    five points), in the ``"confirmation"`` phase on the test prompts (every :data:`CONFIRMATION_EVERY` steps)."""
+    if phase not in ("tuning", "confirmation"):
+        raise ValueError(f"phase must be 'tuning' or 'confirmation', got {phase!r}")
+    organism, algorithm = arm["organism"], arm["algorithm"]
+    spec = SETTINGS[organism]
+    steps = settings.get("max_steps", spec["settings"]["max_steps"])
+    sizes = ({**TUNING_EVALUATION, "every": max(1, steps // 4)} if phase == "tuning" else
+             {"split": "test", "every": CONFIRMATION_EVERY})
+    overrides = ONE_UPDATE[algorithm] if arm["one_update"] else {}
+    return run_one(algorithm, arm_for(algorithm, organism, **overrides), seed, organism=organism,
+                   evaluation={**sizes, **(evaluation or {})},
+                   **{**settings, "learning_rate": arm["learning_rate"], "train_split": TRAIN_SPLIT})
+
+
+def validation_score(record: dict) -> float:
+    """A tuning run's score: its mean validation expected accuracy over its last two evaluations (NaN for a run
+    that diverged: its setting is not eligible)."""
+    if record.get("diverged"):
+        return float("nan")
+    return float(np.mean([e["expected_accuracy"] for e in record["evals"][-2:]]))
+
+
+def select(tuning: dict) -> dict[str, dict]:
+    """The setting each organism's algorithm is confirmed at, by the plan's rule: the highest mean over the tuning
+    seeds of :func:`validation_score`; scores equal to :data:`SELECTION_DIGITS` decimals are a tie, won by the
+    smaller learning rate, then by one update. A setting with a diverged seed is not eligible.
+    ``{"short/grpo": {"learning_rate", "one_update", "score"}}``."""
+    scores: dict[str, list] = {}
+    for name, arm in tuning["arms"].items():
+        score = float(np.mean([validation_score(r) for r in tuning["runs"][name]]))
+        scores.setdefault(setting_name(arm["organism"], arm["algorithm"]), [])
+        if np.isfinite(score):
+            scores[setting_name(arm["organism"], arm["algorithm"])].append((score, arm))
+    chosen = {}
+    for key, candidates in scores.items():
+        if not candidates:
+            raise ValueError(f"{key}: every setting diverged in a tuning seed; nothing to confirm")
+        best = max(round(score, SELECTION_DIGITS) for score, _ in candidates)
+        tied = [(arm["learning_rate"], not arm["one_update"], score, arm) for score, arm in candidates
+                if round(score, SELECTION_DIGITS) == best]
+        lr, _, score, arm = min(tied, key=lambda t: t[:2])
+        chosen[key] = {"learning_rate": lr, "one_update": arm["one_update"], "score": round(score, 6)}
+    return chosen
+
+
+def _not_stored(arms: dict, out) -> dict:
+    """``arms`` without those ``out`` holds already (a phase made in parts resumes where it stopped)."""
+    if out is None or not Path(out).exists():
+        return arms
+    done = json.loads(Path(out).read_text())["runs"]
+    left = {name: arm for name, arm in arms.items() if name not in done}
+    if not left:
+        print(f"{out}: every arm asked for is stored")
+    return left
+
+
+def _steps_per_run(name: str, arm: dict, max_steps: int | None = None) -> int:
+    """The steps a progress bar counts for one run (0 for DPO, whose rounds do not report steps)."""
+    return 0 if arm["algorithm"].startswith("dpo") else max_steps or SETTINGS[arm["organism"]]["settings"]["max_steps"]
+
+
+def run_tuning(organisms=tuple(SETTINGS), algorithms=tuple(FAIR_ALGORITHMS), seeds=TUNING_SEEDS, *,
+               out=TUNING_RESULTS, plan=None, processes=None, arguments=None, progress=True,
+               evaluation: dict | None = None, **settings) -> dict:
+    """The tuning phase for the given organisms and algorithms (a part of the plan's grid; settings already stored
+    in ``out`` are skipped, so a stopped tuning resumes where it stopped): one flat experiment whose arms are
+    named by :func:`setting_name`, merged into ``out``."""
+    arms = _not_stored(tuning_arms(organisms, algorithms), out)
+    if not arms:
+        return json.loads(Path(out).read_text())
+    steps = functools.partial(_steps_per_run, max_steps=settings.get("max_steps"))
+    return run_experiment(
+        "head_to_head_tuning", functools.partial(run_setting, phase="tuning", evaluation=evaluation, **settings),
+        arms, seeds, out=out, merge=True, plan=plan, processes=processes, steps_per_run=steps, progress=progress,
+        arguments=arguments, checkpoints=sorted({SETTINGS[o]["policy"] for o in SETTINGS}),
+        common={"batch": BATCH, "train_split": TRAIN_SPLIT, "evaluation": TUNING_EVALUATION, **settings},
+        description="every algorithm at every learning rate (and one update per rollout), on validation prompts",
+        summary={"validation score": validation_score})
+
+
+def run_confirmation(tuning_path=TUNING_RESULTS, seeds=CONFIRMATION_SEEDS, *, organisms=tuple(SETTINGS),
+                     algorithms=tuple(FAIR_ALGORITHMS), out=RESULTS, plan=None, processes=None, arguments=None,
+                     progress=True, evaluation: dict | None = None, **settings) -> dict:
+    """The confirmation phase: each organism's algorithm at its :func:`select`-ed setting on ``seeds`` (none of the
+    tuning's), evaluated on the test prompts; merged into ``out`` so that it can be made in parts. The stored file
+    records the selection and the tuning file it came from (path and SHA-256)."""
+    from rlbook.plans import sha256
+
+    tuning_path = Path(tuning_path)
+    tuning = json.loads(tuning_path.read_text())
+    reused = sorted(set(seeds) & set(tuning["seeds"]))
+    if reused:
+        raise ValueError(f"confirmation seeds {reused} were used in the tuning: confirm on fresh seeds")
+    selected = select(tuning)
+    try:
+        where = tuning_path.resolve().relative_to(Path(__file__).resolve().parents[1]).as_posix()
+    except ValueError:
+        where = tuning_path.name
+    source = {"path": where, "sha256": sha256(tuning_path.read_bytes())}
+    if out is not None and Path(out).exists() and json.loads(Path(out).read_text()).get("tuning") != source:
+        raise ValueError(f"{out} was confirmed from another tuning file than {tuning_path}: its selection differs")
+    arms = {setting_name(o, a): {"organism": o, "algorithm": a,
+                                 **{k: selected[setting_name(o, a)][k] for k in ("learning_rate", "one_update")}}
+            for o in organisms for a in algorithms}
+    arms = _not_stored(arms, out)
+    if not arms:
+        return json.loads(Path(out).read_text())
+    steps = functools.partial(_steps_per_run, max_steps=settings.get("max_steps"))
+    return run_experiment(
+        "head_to_head", functools.partial(run_setting, phase="confirmation", evaluation=evaluation, **settings),
+        arms, seeds, out=out, merge=True, plan=plan, processes=processes, steps_per_run=steps, progress=progress,
+        arguments=arguments, checkpoints=sorted({SETTINGS[o]["policy"] for o in SETTINGS}),
+        common={"batch": BATCH, "train_split": TRAIN_SPLIT, "evaluation": EVALUATION, **settings},
+        extra={"selected": selected, "tuning": source},
+        description="each algorithm at its selected setting, on fresh seeds and the test prompts",
+        summary={"accuracy end": lambda r: r["evals"][-1]["expected_accuracy"]})
+
+
+# --- the verdicts: the plan's rules (experiments/plans/head_to_head.md) applied to the confirmation's results ---
+
+BASELINE = "trl_grpo"  # the default a recommendation would replace (TRL's GRPOConfig as shipped)
+MARGIN = 0.03  # a "no worse" promise: the accuracy interval must lie above -MARGIN
+MEMORY_RATIO = 0.9  # "less memory": peak memory at most this share of the other method's
+VERDICTS_RESULTS = RESULTS.with_name("head_to_head_verdicts.json")
+LI = "length_inflation"
+NOT_TESTABLE = {
+    "vapo": "its defining condition, long chains where a critic's credit assignment matters, is missing from the "
+            "three organisms (answers of 4 to 64 tokens)",
+    "dpo": "no organism has an offline preference dataset: DPO here learns from its own sampled pairs",
+    "gspo": "no organism of the three is a mixture of experts",
+    "gapo": "it needs a learned judge, which the three organisms do not have",
+}
+
+
+def at_equal_samples(result: dict, organism: str, algorithm: str, metric: str = "expected_accuracy") -> np.ndarray:
+    """One value per seed of ``metric`` at the organism's sample budget (steps x :data:`BATCH`), interpolated
+    between evaluations; a diverged run's last evaluation is carried forward to the budget."""
+    from rlbook.organisms import metric_at_budget
+
+    budget = (result["common"].get("max_steps") or SETTINGS[organism]["settings"]["max_steps"]) * BATCH
+    runs = []
+    for run in result["runs"][setting_name(organism, algorithm)]:
+        evals = run["evals"]
+        if run.get("diverged") and evals and evals[-1]["samples"] < budget:
+            evals = [*evals, {**evals[-1], "samples": budget}]
+        runs.append({**run, "evals": evals})
+    return metric_at_budget(runs, metric, budget, axis="samples")
+
+
+def _start(result: dict, organism: str, algorithm: str, metric: str) -> np.ndarray:
+    return np.array([run["evals"][0][metric] for run in result["runs"][setting_name(organism, algorithm)]])
+
+
+def verdict_tests(result: dict) -> tuple[dict, dict]:
+    """The thirteen paired comparisons the verdicts rest on, ``{name: per-seed differences}``, and each one's null
+    (0, or -MARGIN for "no worse")."""
+    acc = functools.partial(at_equal_samples, result)
+    tests, nulls = {}, {}
+    for organism in SETTINGS:  # 1. PPO for RLHF
+        tests[f"ppo/{organism}/accuracy"] = acc(organism, "ppo_kl") - acc(organism, BASELINE)
+    for algorithm in ("grpo", "gmpo"):  # 4. GRPO or GMPO instead of PPO, memory tight
+        tests[f"{algorithm}/accuracy"] = acc(LI, algorithm) - acc(LI, "ppo")
+        nulls[f"{algorithm}/accuracy"] = -MARGIN
+    # 6. GFPO: did the length grow under the default, then shorter at no accuracy loss?
+    tests["gfpo/condition"] = acc(LI, BASELINE, "mean_length") - _start(result, LI, BASELINE, "mean_length")
+    tests["gfpo/length"] = acc(LI, "gfpo", "mean_length") - acc(LI, BASELINE, "mean_length")
+    tests["gfpo/accuracy"] = acc(LI, "gfpo") - acc(LI, BASELINE)
+    nulls["gfpo/accuracy"] = -MARGIN
+    # 8. Dr. GRPO or lambda-GRPO against GRPO's per-completion mean: did its wrong answers grow, then shorter?
+    tests["dr_grpo/condition"] = acc(LI, "grpo", "mean_length_wrong") - _start(result, LI, "grpo", "mean_length_wrong")
+    for algorithm in ("dr_grpo", "lambda_grpo"):
+        tests[f"{algorithm}/length"] = acc(LI, algorithm, "mean_length_wrong") - acc(LI, "grpo", "mean_length_wrong")
+        tests[f"{algorithm}/accuracy"] = acc(LI, algorithm) - acc(LI, "grpo")
+        nulls[f"{algorithm}/accuracy"] = -MARGIN
+    return tests, nulls
+
+
+def _side(test: dict) -> int:
+    """+1 when the adjusted interval lies above its null, -1 below, 0 when it holds it."""
+    return 1 if test["low"] > test["null"] else -1 if test["high"] < test["null"] else 0
+
+
+def _entry(row: str, verdict: str, arm: str, compared_with: str, metric: str, test: dict | None, rule: str,
+           **more) -> dict:
+    numbers = ({"difference": [test["mean"], test["plain_low"], test["plain_high"]],
+                "adjusted": [test["low"], test["high"]], "null": test["null"]} if test else
+               {"difference": None, "adjusted": None})
+    return {"row": row, "verdict": verdict, "arm": arm, "compared_with": compared_with, "metric": metric,
+            **numbers, "rule": rule, **more}
+
+
+def verdicts(result: dict, memory: dict | None = None) -> list[dict]:
+    """The plan's eight recommendations judged on the confirmation ``result`` (``memory``: peak MiB added per
+    algorithm on length inflation, from the memory pass), Holm over the thirteen tests. One entry per row and
+    arm, in the file's layout (``difference``: mean and unadjusted 95 % interval; ``adjusted``: Holm's)."""
+    from rlbook.evaluation import holm_intervals, paired_difference
+
+    tests, nulls = verdict_tests(result)
+    held = holm_intervals(tests, nulls)
+    for name, test in held.items():
+        _, test["plain_low"], test["plain_high"] = paired_difference(np.zeros_like(tests[name]), tests[name])
+    out = []
+    # 1. PPO: better accuracy on some organism and worse on none
+    sides = {o: _side(held[f"ppo/{o}/accuracy"]) for o in SETTINGS}
+    verdict = ("supported" if max(sides.values()) > 0 and min(sides.values()) == 0 else
+               "contradicted" if min(sides.values()) < 0 and max(sides.values()) == 0 else "not supported")
+    decisive = min(SETTINGS, key=lambda o: held[f"ppo/{o}/accuracy"]["p"])
+    out.append(_entry("ppo", verdict, "ppo_kl", BASELINE, f"expected accuracy at equal samples ({decisive})",
+                      held[f"ppo/{decisive}/accuracy"], "better on some organism, worse on none (Holm)",
+                      others={o: [held[f"ppo/{o}/accuracy"][k] for k in ("mean", "low", "high")]
+                              for o in SETTINGS}))
+    for row in ("vapo", "dpo"):
+        out.append(_entry(row, "not testable here", row, BASELINE, "expected accuracy at equal samples", None,
+                          NOT_TESTABLE[row]))
+    # 4. GRPO or GMPO: less memory than PPO at no accuracy loss beyond the margin
+    for algorithm in ("grpo", "gmpo"):
+        if memory is None or algorithm not in memory or "ppo" not in memory:
+            raise ValueError("the memory pass is missing: run head_to_head.py --phase confirmation --memory first")
+        ratio = memory[algorithm] / memory["ppo"]
+        side = _side(held[f"{algorithm}/accuracy"])
+        verdict = ("supported" if ratio <= MEMORY_RATIO and side > 0 else
+                   "contradicted" if ratio > 1 or side < 0 else "not supported")
+        out.append(_entry("grpo_gmpo", verdict, algorithm, "ppo", "expected accuracy at equal samples "
+                          "(length inflation)", held[f"{algorithm}/accuracy"],
+                          f"peak memory at most {MEMORY_RATIO} x PPO's and accuracy above -{MARGIN} (Holm)",
+                          memory_ratio=round(ratio, 4)))
+    out.append(_entry("gspo", "not testable here", "gspo", BASELINE, "expected accuracy at equal samples", None,
+                      NOT_TESTABLE["gspo"]))
+    # 6. GFPO and 8. Dr. GRPO / lambda-GRPO: shorter at no accuracy loss beyond the margin, if the failure appeared
+    out += _length_rows(held, "gfpo", ("gfpo",), BASELINE, "mean length (length inflation)")
+    out.append(_entry("gapo", "not testable here", "gapo", BASELINE, "expected accuracy", None,
+                      NOT_TESTABLE["gapo"]))
+    out += _length_rows(held, "dr_grpo", ("dr_grpo", "lambda_grpo"), "grpo",
+                        "mean length of wrong answers (length inflation)")
+    return out
+
+
+def _length_rows(held: dict, row: str, arms, compared_with: str, metric: str) -> list[dict]:
+    """A length promise's rows: not testable where ``compared_with``'s length did not grow (its condition),
+    else supported (shorter, accuracy above -MARGIN), contradicted (longer, or below -MARGIN) or not supported."""
+    condition, out = held[f"{row}/condition"], []
+    for algorithm in arms:
+        length, accuracy = held[f"{algorithm}/length"], held[f"{algorithm}/accuracy"]
+        if _side(condition) <= 0:
+            out.append(_entry(row, "not testable here", algorithm, compared_with, f"{compared_with}'s growth in "
+                              f"{metric}", condition, f"the failure did not appear under {compared_with} (its "
+                              f"growth's adjusted interval is not above 0)"))
+            continue
+        verdict = ("supported" if _side(length) < 0 and _side(accuracy) > 0 else
+                   "contradicted" if _side(length) > 0 or _side(accuracy) < 0 else "not supported")
+        out.append(_entry(row, verdict, algorithm, compared_with, metric, length,
+                          f"shorter, and accuracy above -{MARGIN} (Holm)",
+                          accuracy=[accuracy[k] for k in ("mean", "low", "high")],
+                          condition=[condition[k] for k in ("mean", "low", "high")]))
+    return out
 
 
 # --- peak memory and the models held, one fresh process per algorithm and organism -----------------------------
@@ -235,7 +561,8 @@ def memory_one(job: tuple[str, str], steps: int = 3) -> dict:
     from rlbook.presets import preset
     from rlbook.trainer import Trainer
 
-    algorithm, organism = job
+    algorithm, organism, *rest = job  # (algorithm, organism[, overrides]): overrides at a selected setting
+    overrides = rest[0] if rest else {}
     torch.set_num_threads(1)
     spec = SETTINGS[organism]
     recipe = RECIPES[spec["policy"]]
@@ -243,7 +570,7 @@ def memory_one(job: tuple[str, str], steps: int = 3) -> dict:
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current resident size
     before = _rss_mib("VmRSS")
     count = lambda model: sum(p.numel() for p in model.parameters())  # noqa: E731
-    if isinstance(ALGORITHMS[algorithm], dict):
+    if isinstance(FAIR_ALGORITHMS[algorithm], dict):
         from rlbook.dpo import DPOConfig, on_policy_pairs, train_dpo
 
         task = recipe.make_task(**spec["task_kwargs"])
@@ -253,10 +580,10 @@ def memory_one(job: tuple[str, str], steps: int = 3) -> dict:
                                 max_new_tokens=budget, seed=0)
         train_dpo(policy, tokenizer, pairs, config=DPOConfig(
             max_steps=steps, beta=DPO_ROUND["beta"], per_device_train_batch_size=DPO_ROUND["batch"],
-            rpo_alpha=ALGORITHMS[algorithm]["rpo_alpha"]))
+            rpo_alpha=FAIR_ALGORITHMS[algorithm]["rpo_alpha"]))
         models = {"policy": count(policy), "reference (its log-probs, then dropped)": count(policy)}
     else:
-        arm = arm_for(algorithm, organism)
+        arm = arm_for(algorithm, organism, **overrides)
         config = preset(arm.preset, **{"max_completion_length": recipe.sft.max_new_tokens, **spec["settings"],
                                        **arm.overrides, "max_steps": steps, "value_pretrain_steps": 0})
         task = recipe.make_task(**arm.task_kwargs)
@@ -267,13 +594,17 @@ def memory_one(job: tuple[str, str], steps: int = 3) -> dict:
             models["reference"] = count(trainer.reference)
         if trainer.value_model is not None:
             models["value model"] = count(trainer.value_model)
-    return {"algorithm": algorithm, "organism": organism, "steps": steps,
+    return {"algorithm": algorithm, "organism": organism, "steps": steps, **({"overrides": overrides} if rest else {}),
             "peak_added_mib": round(_rss_mib("VmHWM") - before, 1), "models": models}
 
 
-def run_memory(organisms=tuple(SETTINGS), algorithms=tuple(ALGORITHMS), processes: int = 2, steps: int = 3) -> list:
-    """:func:`memory_one` for every pair, each in a fresh process (spawned, one task per process)."""
-    jobs = [(a, o) for o in organisms for a in algorithms]
+def run_memory(organisms=tuple(SETTINGS), algorithms=tuple(ALGORITHMS), processes: int = 2, steps: int = 3,
+               selected: dict | None = None) -> list:
+    """:func:`memory_one` for every pair, each in a fresh process (spawned, one task per process); with
+    ``selected`` (a confirmation's selection), each algorithm at its selected number of updates."""
+    jobs = [(a, o) if selected is None else
+            (a, o, ONE_UPDATE[a] if selected[setting_name(o, a)]["one_update"] else {})
+            for o in organisms for a in algorithms]
     context = multiprocessing.get_context("spawn")
     with context.Pool(processes, maxtasksperchild=1) as pool:
         return pool.map(functools.partial(memory_one, steps=steps), jobs, chunksize=1)
@@ -318,29 +649,54 @@ def run(organisms=tuple(SETTINGS), algorithms=tuple(ALGORITHMS), seeds=range(5),
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--phase", choices=("shared_rate", "tuning", "confirmation", "verdicts"),
+                        default="shared_rate", help="the exploratory shared-rate run (default), the fair "
+                        "comparison's two phases, or its verdicts from the stored confirmation")
     parser.add_argument("--organisms", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS))
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--algorithms", nargs="+", default=None, choices=list(FAIR_ALGORITHMS),
+                        help="default: every algorithm of the phase")
+    parser.add_argument("--seeds", type=int, default=5, help="the shared-rate run's seeds (0 ..)")
     parser.add_argument("--processes", type=int, default=None)
     parser.add_argument("--max-steps", type=int, default=None, help="pilot: fewer steps")
     parser.add_argument("--num-prompts", type=int, default=None, help="pilot: fewer held-out prompts")
     parser.add_argument("--memory", action="store_true", help="run the memory pass and add it to --out")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--plan", type=Path, default=None, help="the committed plan of a fair-comparison phase")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    if args.memory:
-        memory = run_memory(args.organisms, args.algorithms, processes=args.processes or 2)
-        for row in memory:
-            print(f"{row['organism']:<17} {row['algorithm']:<12} +{row['peak_added_mib']:7.1f} MiB  {row['models']}")
-        stored = json.loads(args.out.read_text())
-        stored["memory"] = {"rows": memory, "provenance": provenance(arguments={**vars(args), "out": str(args.out)},
-                                                                      processes=args.processes or 2)}
-        args.out.write_text(json.dumps(stored, indent=1) + "\n")
-        print(f"added the memory pass to {args.out}")
-        return
     settings = {"max_steps": args.max_steps} if args.max_steps else {}
     evaluation = {"num_prompts": args.num_prompts} if args.num_prompts else None
-    run(args.organisms, args.algorithms, range(args.seeds), out=args.out, processes=args.processes,
-        arguments={**vars(args), "out": str(args.out)}, evaluation=evaluation, **settings)
+    arguments = {**vars(args), "out": str(args.out) if args.out else None,
+                 "plan": str(args.plan) if args.plan else None}
+    if args.phase == "verdicts":
+        stored = json.loads(RESULTS.read_text())
+        memory = {row["algorithm"]: row["peak_added_mib"] for row in stored["memory"]["rows"]
+                  if row["organism"] == LI}
+        rows = verdicts(stored, memory)
+        (args.out or VERDICTS_RESULTS).write_text(json.dumps(rows, indent=1) + "\n")
+        for row in rows:
+            print(f"{row['row']:<10} {row['arm']:<12} {row['verdict']:<18} {row['adjusted']}")
+        return
+    if args.phase in ("tuning", "confirmation") and not args.memory:
+        run_phase = run_tuning if args.phase == "tuning" else run_confirmation
+        out = args.out or (TUNING_RESULTS if args.phase == "tuning" else RESULTS)
+        run_phase(organisms=args.organisms, algorithms=args.algorithms or list(FAIR_ALGORITHMS), out=out,
+                  plan=args.plan, processes=args.processes, arguments=arguments, evaluation=evaluation, **settings)
+        return
+    out = args.out or (RESULTS if args.phase == "confirmation" else SHARED_RATE_RESULTS)
+    algorithms = args.algorithms or list(ALGORITHMS if args.phase == "shared_rate" else FAIR_ALGORITHMS)
+    if args.memory:  # the confirmation's at each algorithm's selected setting
+        selected = json.loads(out.read_text())["selected"] if args.phase == "confirmation" else None
+        memory = run_memory(args.organisms, algorithms, processes=args.processes or 2, selected=selected)
+        for row in memory:
+            print(f"{row['organism']:<17} {row['algorithm']:<12} +{row['peak_added_mib']:7.1f} MiB  {row['models']}")
+        stored = json.loads(out.read_text())
+        stored["memory"] = {"rows": memory, "provenance": provenance(arguments=arguments,
+                                                                      processes=args.processes or 2)}
+        out.write_text(json.dumps(stored, indent=1) + "\n")
+        print(f"added the memory pass to {out}")
+        return
+    run(args.organisms, algorithms, range(args.seeds), out=out, processes=args.processes, arguments=arguments,
+        evaluation=evaluation, **settings)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ import torch
 from scipy import stats
 
 from rlbook.checkpoints import RECIPES, load_base_policy
-from rlbook.evaluation import (PolicyEvaluation, detectable_effect, evaluate_policy, paired_difference,
-                               paired_t_power, prompt_interval, seeds_needed)
+from rlbook.evaluation import (PolicyEvaluation, detectable_effect, evaluate_policy, holm_intervals,
+                               paired_difference, paired_t_power, prompt_interval, seeds_needed)
 from rlbook.rollout import generate_rollouts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -213,3 +213,47 @@ def test_held_out_evaluation_records_the_kl_to_the_policy_training_started_from(
     assert abs(kls[0]) < 1e-4 and kls[-1] > 0.01, kls
     assert all("kl_to_base" not in r for r in plain.records)
     assert [r["expected_accuracy"] for r in plain.records] == [r["expected_accuracy"] for r in evaluation.records]
+
+
+# --- Holm's correction, with intervals that agree with it -------------------------------------------------------
+
+
+def test_holm_intervals_agree_with_a_hand_made_holm_procedure():
+    rng = np.random.default_rng(0)
+    differences = {f"c{i}": rng.normal(shift, 0.05, size=10) for i, shift in enumerate((0.0, 0.02, 0.05, 0.1, -0.08))}
+    nulls = {"c2": -0.03}  # a non-inferiority test: "worse by more than 0.03"
+    out = holm_intervals(differences, nulls)
+    assert list(out) == list(differences)
+    # the procedure by hand: p-values from scipy's one-sample t-test, sorted, rejected step by step
+    p = {k: stats.ttest_1samp(v, nulls.get(k, 0.0)).pvalue for k, v in differences.items()}
+    order, m, rejecting, adjusted = sorted(p, key=p.get), len(p), True, 0.0
+    for k, name in enumerate(order):
+        rejecting = rejecting and p[name] <= 0.05 / (m - k)
+        adjusted = max(adjusted, min(1.0, (m - k) * p[name]))
+        assert out[name]["rejected"] == rejecting, name
+        assert out[name]["p"] == pytest.approx(p[name], rel=1e-9) and out[name]["adjusted_p"] == pytest.approx(adjusted)
+    for name, row in out.items():
+        # the interval excludes its null exactly when Holm rejects, and is never narrower than the plain 95 % one
+        assert (not row["low"] <= row["null"] <= row["high"]) == row["rejected"], name
+        plain = paired_difference(np.zeros(10), differences[name])
+        assert row["low"] <= plain[1] + 1e-12 and row["high"] >= plain[2] - 1e-12, name
+        assert row["mean"] == pytest.approx(plain[0])
+    assert sum(row["rejected"] for row in out.values()) >= 2  # the case is not vacuous
+
+
+def test_holm_with_one_comparison_is_the_plain_t_interval():
+    values = np.array([0.1, 0.3, -0.05, 0.2])
+    row = holm_intervals({"a": values})["a"]
+    assert (row["mean"], row["low"], row["high"]) == pytest.approx(paired_difference(np.zeros(4), values))
+    assert row["level"] == pytest.approx(0.95)
+
+
+@pytest.mark.parametrize("differences, nulls, match", [
+    ({}, None, "at least one comparison"),
+    ({"a": [0.1]}, None, "at least 2 paired differences"),
+    ({"a": [0.1, float("nan")]}, None, "NaN or infinite"),
+    ({"a": [0.1, 0.2]}, {"b": 0.0}, "not in differences"),
+])
+def test_holm_intervals_name_bad_input(differences, nulls, match):
+    with pytest.raises(ValueError, match=match):
+        holm_intervals(differences, nulls)

@@ -16,7 +16,7 @@ Arms of an experiment are compared on **paired seeds**: the same held-out prompt
 (``seed``) for every arm, so that the difference between two arms is not diluted by which prompts or random
 numbers each drew. :func:`paired_difference` gives the interval of such a difference over training seeds and
 :func:`seeds_needed` how many seeds an effect of a given size needs, from a pilot's per-seed spread (power from the
-noncentral t, :func:`paired_t_power`).
+noncentral t, :func:`paired_t_power`); :func:`holm_intervals` corrects several such differences for multiplicity.
 """
 
 from __future__ import annotations
@@ -275,10 +275,61 @@ def detectable_effect(seed_sd: float, seeds: int, alpha: float = 0.05, power: fl
                                  xtol=1e-12 * seed_sd, rtol=1e-10))
 
 
+def holm_intervals(differences: dict, nulls: dict | None = None, alpha: float = 0.05) -> dict:
+    """Holm's step-down correction for several paired differences, with intervals that agree with it.
+
+    ``differences`` maps a name to the per-seed differences of one comparison (1-D, at least 2 seeds); ``nulls``
+    the value each is tested against (default 0; a non-inferiority margin ``-m`` tests "worse by more than m").
+    Each comparison gets the two-sided paired t-test's p-value; sorted ascending, the ``k``-th of ``m`` is rejected
+    while every one before it was and ``p <= alpha / (m - k + 1)``. Its interval is the Student-t interval at
+    confidence ``1 - alpha / (m - k + 1)`` (before the first comparison not rejected) or at the level of that first
+    one (from it on), so an interval excludes its null exactly when Holm rejects. Returns ``{name: {"mean", "low",
+    "high", "null", "p", "adjusted_p", "level", "rejected"}}``; ``adjusted_p`` is Holm's adjusted p-value."""
+    from scipy import stats
+
+    if not differences:
+        raise ValueError("holm_intervals needs at least one comparison")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    nulls = {**{name: 0.0 for name in differences}, **(nulls or {})}
+    unknown = sorted(set(nulls) - set(differences))
+    if unknown:
+        raise ValueError(f"nulls name comparisons not in differences: {unknown}")
+    tests = {}
+    for name, values in differences.items():
+        values = np.asarray(values, dtype=float)
+        if values.ndim != 1 or values.size < 2:
+            raise ValueError(f"{name!r}: needs a 1-D array of at least 2 paired differences, got {values.shape}")
+        if not np.isfinite(values).all():
+            raise ValueError(f"{name!r}: the differences hold NaN or infinite values")
+        null = float(nulls[name])
+        mean, se = float(values.mean()), float(values.std(ddof=1) / math.sqrt(values.size))
+        if se == 0:  # every seed gave the same difference: rejected unless it is the null itself
+            p = 1.0 if mean == null else 0.0
+        else:
+            p = float(2 * stats.t.sf(abs(mean - null) / se, values.size - 1))
+        tests[name] = (values, null, mean, se, p)
+    order = sorted(tests, key=lambda name: tests[name][4])
+    m, out, stopped_level, adjusted = len(order), {}, None, 0.0
+    for k, name in enumerate(order):
+        values, null, mean, se, p = tests[name]
+        step_level = alpha / (m - k)
+        rejected = stopped_level is None and p <= step_level
+        if not rejected and stopped_level is None:
+            stopped_level = step_level
+        level = step_level if rejected else stopped_level
+        adjusted = max(adjusted, min(1.0, (m - k) * p))
+        half = float(stats.t.ppf(1 - level / 2, values.size - 1)) * se
+        out[name] = {"mean": mean, "low": mean - half, "high": mean + half, "null": null, "p": p,
+                     "adjusted_p": adjusted, "level": 1 - level, "rejected": rejected}
+    return {name: out[name] for name in differences}
+
+
 class HeldOutEvaluation(TrainerCallback):
     """A trainer callback: :func:`evaluate_policy` on fixed held-out prompts at the start, every ``every`` steps,
-    at each step of ``at_steps`` (a denser look where the policy moves fast) and at the end, keeping each :meth:`PolicyEvaluation.summary` in ``self.records`` as ``{"step": s,
-    "num_completions": n, ...}``, ``n`` the completions sampled for training so far (the cost in samples).
+    at each step of ``at_steps`` (a denser look where the policy moves fast) and at the end, keeping each
+    :meth:`PolicyEvaluation.summary` in ``self.records`` as ``{"step": s, "num_completions": n, ...}``, ``n`` the
+    completions sampled for training so far (the cost in samples).
 
     The prompts are ``num_prompts`` draws of the task's ``split`` (``"test"``; ``"validation"`` where settings are
     chosen, with the run trained on ``train_split="train_without_validation"``) from ``prompt_seed`` and the sampling
