@@ -92,6 +92,15 @@ PHENOMENA = [
     dict(chapter="gapo", phenomenon="gold accuracy falls while PPO optimises a frozen judge that cannot see the "
          "policy's mistakes", organism="frozen_judge", results="gapo_compare", script="experiments/gapo_compare.py",
          fix="gapo"),
+    # Part VII: the sampler draws at temperature 1.3 and its log-probs stand in for pi_old over four updates per
+    # rollout. The fix that removes the mismatch, pi_old recomputed by the learner, and CISPO, which keeps the
+    # sampler's ratios but caps their weight (the chapter shows the four corrections and SAPO beside them)
+    dict(chapter="after_the_note", phenomenon="GRPO's accuracy collapses when its ratio divides by the log-probs of "
+         "a sampler that disagrees with the learner; the fix: pi_old recomputed by the learner",
+         organism="sampler_mismatch", fix="grpo_recompute"),
+    dict(chapter="after_the_note", phenomenon="GRPO's accuracy collapses when its ratio divides by the log-probs of "
+         "a sampler that disagrees with the learner; the fix: CISPO's capped weight on the same ratios",
+         organism="sampler_mismatch", fix="cispo"),
 ]
 
 

@@ -196,9 +196,9 @@ def test_openrlhf_parses_the_command_and_holds_the_preset(cli, key):
 
 def test_presets_openrlhf_cannot_run_have_no_command():
     """A command without its estimator or surrogate would run another algorithm (OpenRLHF's ppo loss would read
-    GMPO's ε = 0.4 as its ratio clip): there is none, and a reason."""
+    GMPO's ε = 0.4 as its ratio clip, CISPO's cap of 5 as a clip of [0.8, 6]): there is none, and a reason."""
     blocked = {n: openrlhf_run(preset(n)).blocked for n in PRESETS if openrlhf_run(preset(n)).command is None}
-    assert set(blocked) == {"reinforce", "vapo", "gmpo", "gfpo", "lambda_grpo"}
+    assert set(blocked) == {"reinforce", "vapo", "gmpo", "gfpo", "lambda_grpo", "cispo", "sapo"}
     assert all(setting and len(reason) > 20 for setting, reason in blocked.values())
 
 

@@ -164,8 +164,16 @@ def test_verl_composes_the_command_and_reads_it_back(verl, key):
     assert cfg.data.train_batch_size * G == c.generation_batch_size
     assert actor.ppo_mini_batch_size * G == c.per_device_train_batch_size * c.gradient_accumulation_steps
     assert actor.ppo_epochs == c.num_iterations
-    assert math.isclose(actor.clip_ratio_low, c.epsilon)
-    assert math.isclose(actor.clip_ratio_high, c.epsilon if c.epsilon_high is None else c.epsilon_high)
+    high = c.epsilon if c.epsilon_high is None else c.epsilon_high
+    if c.loss_type == "cispo":  # verl's weight in [1 - low, 1 + high], the book's (TRL's) below epsilon_high
+        assert actor.policy_loss.loss_mode == "cispo" and actor.clip_ratio_low == 1
+        assert math.isclose(1 + actor.clip_ratio_high, high)
+    elif c.loss_type == "sapo":  # no clip: the gate's temperatures
+        assert actor.policy_loss.loss_mode == "sapo"
+        assert (actor.tau_pos, actor.tau_neg) == (c.sapo_temperature_pos, c.sapo_temperature_neg)
+    else:
+        assert math.isclose(actor.clip_ratio_low, c.epsilon)
+        assert math.isclose(actor.clip_ratio_high, high)
     optim = actor.optim
     assert (optim.lr, optim.weight_decay, optim.clip_grad) == (c.learning_rate, c.weight_decay, c.max_grad_norm)
     assert list(optim.betas) == [0.9, 0.999] and optim.lr_scheduler_type == "constant"
@@ -270,13 +278,14 @@ def test_verl_computes_the_books_loss(verl, key):
     kl_in_loss = c.beta > 0 and c.kl_placement == "loss"
     # one micro-batch is the whole optimizer step here, so the book's micro-batch means are the step's. Clip-Cov
     # draws its tokens at random, verl from torch's global generator: both draw from the same seed
-    covariance = {name: getattr(c, name) for name in ("covariance_method", "clip_cov_ratio", "clip_cov_lb",
-                                                      "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")}
+    variants = {name: getattr(c, name) for name in ("covariance_method", "clip_cov_ratio", "clip_cov_lb",
+                                                    "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef",
+                                                    "sapo_temperature_pos", "sapo_temperature_neg")}
     torch.manual_seed(0)
     book, _ = policy_loss(logp, old, advantages, mask, epsilon=c.epsilon, epsilon_high=c.epsilon_high,
                           loss_type=c.loss_type, max_completion_length=c.max_completion_length,
                           beta=c.beta if kl_in_loss else 0.0, ref_logp=ref if kl_in_loss else None,
-                          importance_sampling_level=c.importance_sampling_level, **covariance)
+                          importance_sampling_level=c.importance_sampling_level, **variants)
     torch.manual_seed(0)
     ours = verl_actor_loss(verl, actor, old, logp, ref, advantages, mask)
     (book_grad,), (verl_grad,) = torch.autograd.grad(book, logp), torch.autograd.grad(ours, logp)
@@ -286,11 +295,33 @@ def test_verl_computes_the_books_loss(verl, key):
         plain, _ = policy_loss(logp, old, advantages, mask, epsilon=c.epsilon, epsilon_high=c.epsilon_high,
                                loss_type=c.loss_type, max_completion_length=c.max_completion_length)
         assert not torch.allclose(plain, book, rtol=1e-4, atol=1e-5)
-    if actor.policy_loss.loss_mode == "vanilla":  # and verl's default dual clip would not give the book's loss
-        default = verl.config.omega_conf_to_dataclass(OmegaConf.merge(cfg.actor_rollout_ref.actor,
-                                                                      {"clip_ratio_c": 3.0}))
-        assert not torch.allclose(verl_actor_loss(verl, default, old, logp, ref, advantages, mask), book,
+    # and the settings the command changes matter on this batch: verl's default dual clip, or CISPO's cap read as
+    # verl's clip_ratio_high unchanged (1 + epsilon_high), would not give the book's loss
+    changed = {"vanilla": {"clip_ratio_c": 3.0}, "cispo": {"clip_ratio_high": c.epsilon_high}}
+    if actor.policy_loss.loss_mode in changed:
+        other = verl.config.omega_conf_to_dataclass(OmegaConf.merge(cfg.actor_rollout_ref.actor,
+                                                                    changed[actor.policy_loss.loss_mode]))
+        assert not torch.allclose(verl_actor_loss(verl, other, old, logp, ref, advantages, mask), book,
                                   rtol=1e-3, atol=1e-4)
+
+
+def test_verl_sapo_reads_the_temperatures_from_the_command(verl):
+    """The sapo preset's temperatures are verl's defaults too; other ones must reach verl's loss through the
+    command (tau_pos, tau_neg) and give the book's loss, which the defaults would not."""
+    c = preset("sapo", sapo_temperature_pos=0.5, sapo_temperature_neg=3.0)
+    cfg = compose_verl(verl, pasted_argv(verl_run(c).command)[2:])
+    actor = verl.config.omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    old, logp, ref, advantages, mask = small_batch(c, [5, 3, 1, 4, 2, 5])
+    book, _ = policy_loss(logp, old, advantages, mask, loss_type="sapo", sapo_temperature_pos=0.5,
+                          sapo_temperature_neg=3.0)
+    ours = verl_actor_loss(verl, actor, old, logp, ref, advantages, mask)
+    (book_grad,), (verl_grad,) = torch.autograd.grad(book, logp), torch.autograd.grad(ours, logp)
+    torch.testing.assert_close(ours, book, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(verl_grad, book_grad, rtol=1e-5, atol=1e-6)
+    default = verl.config.omega_conf_to_dataclass(OmegaConf.merge(cfg.actor_rollout_ref.actor,
+                                                                  {"tau_pos": 1.0, "tau_neg": 1.05}))
+    assert not torch.allclose(verl_actor_loss(verl, default, old, logp, ref, advantages, mask), book,
+                              rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.parametrize("key", RUNNABLE)

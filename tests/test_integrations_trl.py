@@ -41,7 +41,7 @@ from rlbook.integrations.trl import (  # noqa: E402
 from rlbook.presets import PRESETS, preset  # noqa: E402
 from rlbook.tasks import soft_overlong_penalty  # noqa: E402
 
-EXPRESSIBLE = {"reinforce_baseline", "grpo", "trl_grpo", "dr_grpo", "gspo", "gmpo"}
+EXPRESSIBLE = {"reinforce_baseline", "grpo", "trl_grpo", "dr_grpo", "gspo", "gmpo", "cispo", "sapo"}
 TRL_OFFLINE = dict(report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False)
 
 
@@ -320,9 +320,8 @@ def test_trls_variants_map_under_their_own_names(tmp_path):
                     "entropy": ["top_entropy_quantile", "use_adaptive_entropy"]}[name]
         for engine in ("verl", "OpenRLHF"):  # not mapped there: blocked (a loss) or named as missing (a setting)
             run = engine_runs(c)[engine]
-            if name in ("cispo", "sapo"):
-                assert run.blocked == (f"loss_type={name!r}", "the book maps this loss to TRL only, not to this "
-                                       "engine's options") and run.command is None
+            if name in ("cispo", "sapo"):  # verl has both losses (test_cispo_and_sapo_map_to_verl_not_openrlhf)
+                assert (run.blocked is None) == (engine == "verl"), (engine, run.blocked)
             else:
                 assert not run.blocked and all(k in run.missing for k in unmapped), (engine, run.missing)
     assert "delta" not in engine_runs("grpo")["TRL"].options and "sapo_temperature_pos" not in \
@@ -331,6 +330,34 @@ def test_trls_variants_map_under_their_own_names(tmp_path):
     # verl's Clip-Cov and KL-Cov are not TRL's
     assert unsupported(preset("trl_grpo", covariance_method="kl_cov")) == [
         "covariance_method='kl_cov': TRL has no Clip-Cov or KL-Cov (verl's policy-loss modes)"]
+
+
+def test_cispo_and_sapo_map_to_verl_not_openrlhf():
+    """verl 0.9.1 has policy-loss modes "cispo" (weight clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]) and
+    "sapo" (tau_pos, tau_neg); OpenRLHF 0.11.2's --actor.policy_loss_type is ppo or gspo, so neither runs there.
+    tests/test_engines_verl.py checks verl's losses under the commands against the book's."""
+    actor = "actor_rollout_ref.actor"
+    cispo, sapo = engine_runs("cispo"), engine_runs("sapo")
+    verl = cispo["verl"].options
+    assert verl[f"{actor}.policy_loss.loss_mode"] == "cispo" and verl[f"{actor}.loss_agg_mode"] == "token-mean"
+    # the book's cap is epsilon_high itself (5), verl's 1 + clip_ratio_high; no lower bound
+    assert (verl[f"{actor}.clip_ratio_low"], verl[f"{actor}.clip_ratio_high"]) == ("1", "4")
+    assert "epsilon_high - 1" in cispo["verl"].notes[f"{actor}.clip_ratio_high"]
+    assert engine_runs(preset("cispo", epsilon_high=1.2))["verl"].options[f"{actor}.clip_ratio_high"] == "0.2"
+    verl = sapo["verl"].options
+    assert verl[f"{actor}.policy_loss.loss_mode"] == "sapo"
+    assert (verl[f"{actor}.tau_pos"], verl[f"{actor}.tau_neg"]) == ("1.0", "1.05")
+    assert verl[f"{actor}.loss_agg_mode"] == "seq-mean-token-mean" and f"{actor}.clip_ratio_low" not in verl
+    assert f"{actor}.clip_ratio_c" not in verl  # verl's dual clip belongs to its vanilla loss only
+    accumulated = engine_runs(preset("sapo", gradient_accumulation_steps=2, steps_per_generation=2))["verl"]
+    assert "each micro-batch's" in accumulated.notes[f"{actor}.loss_agg_mode"]
+    for name, run in (("cispo", cispo["OpenRLHF"]), ("sapo", sapo["OpenRLHF"])):
+        assert run.command is None and run.blocked[0] == f"loss_type={name!r}"
+        assert f"no {name.upper()} loss" in run.blocked[1] and "ppo or gspo" in run.blocked[1]
+    # verl's two losses weigh token ratios: a sequence-level ratio has no verl command
+    for name in ("cispo", "sapo"):
+        run = engine_runs(preset(name, importance_sampling_level="sequence"))["verl"]
+        assert run.command is None and run.blocked[0] == f"loss_type={name!r} with a sequence-level ratio"
 
 
 def test_a_kl_penalty_maps_to_trls_plain_k3_not_its_bias_corrected_one():

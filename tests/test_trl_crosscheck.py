@@ -9,6 +9,8 @@ clipping, k3 KL and aggregation. Group advantages are compared with TRL's formul
 TRL 1.16's variants the same way: `loss_type="cispo"` and `"sapo"`, `delta`, `off_policy_mask_threshold`, and
 the vLLM importance-sampling correction in its four modes. TRL computes that correction's weights inline in
 `_generate_and_score_completions`; the test cuts that block out of TRL's own source and runs it on our tensors.
+The `cispo` and `sapo` presets go through the bridge (rlbook.integrations.trl) into TRL's own GRPOConfig, whose
+values drive TRL's loss.
 """
 
 import functools
@@ -235,6 +237,38 @@ def test_sapo_equals_trls(level, tau_pos, tau_neg):
                            dict(beta=0.0, epsilon=0.2, epsilon_high=0.2, importance_sampling_level=level,
                                 args=temperatures),
                            logp, old_logp, ref_logp, advantages, mask, "sapo", mask.sum())
+    _assert_agree(results, mask)
+
+
+@pytest.mark.parametrize("name", ["cispo", "sapo"])
+def test_the_cispo_and_sapo_presets_through_the_bridge_are_trls(name, tmp_path):
+    """``preset("cispo")`` and ``preset("sapo")`` handed to TRL by the bridge (rlbook.integrations.trl.grpo_config):
+    TRL's own GRPOConfig holds the same loss_type and CISPO's cap (epsilon_high = 5, ScaleRL's) or SAPO's
+    temperatures, and TRL's loss read from that config equals the book's under the preset, value and gradient."""
+    from rlbook.integrations.trl import grpo_config
+    from rlbook.presets import preset
+
+    c = preset(name)
+    args = grpo_config(c, output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False)
+    assert args.loss_type == c.loss_type == name
+    assert args.epsilon_high == (5.0 if name == "cispo" else c.epsilon)
+    assert (args.epsilon, args.beta, args.importance_sampling_level) == (c.epsilon, c.beta, "token")
+    assert (args.sapo_temperature_pos, args.sapo_temperature_neg) == (c.sapo_temperature_pos, c.sapo_temperature_neg)
+    logp, old_logp, ref_logp, rewards, mask = _tensors(800 + len(name))
+    if name == "cispo":  # some weights above the cap, so that the cap acts
+        logp = torch.where(torch.arange(logp.shape[1]) == 0, old_logp + 2.0, logp) * mask
+        assert bool((((logp - old_logp).exp() > args.epsilon_high) & mask.bool()).any())
+    advantages = group_advantages(rewards, num_generations=4)
+    num_items = 2 * mask.sum() if name == "cispo" else mask.sum()
+    ours = dict(epsilon=c.epsilon, epsilon_high=c.epsilon_high, beta=c.beta,
+                importance_sampling_level=c.importance_sampling_level,
+                sapo_temperature_pos=c.sapo_temperature_pos, sapo_temperature_neg=c.sapo_temperature_neg)
+    # TRL's trainer reads epsilon_low from args.epsilon and the rest from its args
+    theirs = dict(beta=args.beta, epsilon=args.epsilon, epsilon_high=args.epsilon_high,
+                  importance_sampling_level=args.importance_sampling_level,
+                  args=dict(sapo_temperature_pos=args.sapo_temperature_pos,
+                            sapo_temperature_neg=args.sapo_temperature_neg))
+    results = _both_losses(ours, theirs, logp, old_logp, ref_logp, advantages, mask, args.loss_type, num_items)
     _assert_agree(results, mask)
 
 

@@ -13,7 +13,7 @@ To add an estimator, decorate a function ``(inputs, config) -> Advantages`` with
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
@@ -27,8 +27,9 @@ from rlbook.objectives import (
     masked_whiten,
 )
 
-if TYPE_CHECKING:
-    from rlbook.presets import RLConfig
+# ``RLConfig`` in the annotations is :class:`rlbook.presets.RLConfig`, named but not imported (not even for type
+# checkers): the presets import this module to check ``advantage_estimator``. Annotations are never evaluated
+# (``from __future__ import annotations``), so the name needs no import.
 
 
 @dataclass

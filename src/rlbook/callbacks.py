@@ -31,7 +31,10 @@ from rlbook.rollout import sequence_logprobs
 
 if TYPE_CHECKING:
     from rlbook.rollout import Rollout, ScoredRollout
-    from rlbook.trainer import Trainer
+
+# ``Trainer`` in the annotations is :class:`rlbook.trainer.Trainer`, named but not imported (not even for type
+# checkers): the trainer imports this module. Annotations are never evaluated (``from __future__ import
+# annotations``), so the name needs no import.
 
 
 class TrainerCallback:

@@ -329,7 +329,7 @@ def resume_mismatch(stored: dict, run: dict) -> str:
     """The settings in which ``stored`` (a run's ``run.json``) and ``run`` (this command's) differ, with both
     values (``"(differs in ['learning_rate']); run.json: learning_rate=0.001; this command: ..."``), or ``""``.
     ``max_steps`` may differ: a resumed run may be extended."""
-    from rlbook.trainer import describe_differences
+    from rlbook.files import describe_differences
 
     top = ("algo", "task", "model_size", "seed")
     before = {**{k: stored[k] for k in top if k in stored}, **stored.get("config", {})}

@@ -14,13 +14,16 @@ pass over the processes ("ranks"). This module holds only what the book's algori
   ``per_device_train_batch_size`` is per process instead; :mod:`rlbook.integrations.trl` converts.)
 - **Whatever reads the whole batch sees the whole batch.** The advantage estimators run on every
   rank on the gathered batch (:func:`gather_rows`): batch-level reward scaling, PPO's whitening and
-  GFPO's filter then equal the single-process numbers. Minibatches are drawn from one permutation
-  of the *global* rows; each rank computes the rows of a minibatch that it holds.
+  GFPO's filter then equal the single-process numbers; each rank keeps its own rows of the result
+  (:func:`rows_of_rank`). Minibatches are drawn from one permutation of the *global* rows; each
+  rank computes the rows of a minibatch that it holds.
 - **Every denominator is global.** A loss is a sum over rows or tokens divided by a count (rows for
   ``loss_type="grpo"``, ``"dr_grpo"`` and ``"gmpo"``, tokens for ``"bnpo"``, the optimizer step's
   tokens for ``"dapo"``; the NLL and value losses likewise). A rank divides its own sum by the
-  all-reduced count and multiplies by the world size, which DDP's average divides out again
-  (:func:`global_share`), so one update equals the single-process update on the whole batch.
+  all-reduced count (:func:`global_counts`) and multiplies by the world size, which DDP's average
+  divides out again (:func:`global_share`), so one update equals the single-process update on the
+  whole batch. A parameter outside DDP's module (λ-GRPO's λ) has its gradient averaged by hand
+  (:func:`average_grad`).
 - **One set of metrics.** Every step's metrics are reduced over ranks (:func:`reduce_metrics`);
   only rank 0 logs and saves checkpoints.
 """
@@ -28,7 +31,7 @@ pass over the processes ("ranks"). This module holds only what the book's algori
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -140,6 +143,44 @@ def global_share(local, total, world: World):
     if not world.distributed:
         return 1.0
     return world.size * local / total if total > 0 else 0.0
+
+
+def global_counts(scored, micro_batches: list[torch.Tensor], world: World) -> torch.Tensor:
+    """What every loss of a micro-batch divides by, summed over the ranks: (k, 4) float64 for the
+    ``k`` ``micro_batches``, each this rank's row indices into ``scored`` (a
+    :class:`rlbook.rollout.ScoredRollout`) without the rows that add nothing. Columns: the rows,
+    their loss tokens (``loss_mask``), the loss tokens of correct completions (VAPO's NLL), the
+    completion tokens (``mask``, the value loss). One all-reduce for all the micro-batches of an
+    optimizer step."""
+    local = []
+    for rows in micro_batches:
+        loss_mask = scored.loss_mask[rows]
+        local.append([len(rows), loss_mask.sum().item(),
+                      (loss_mask * scored.correct[rows, None]).sum().item(),
+                      scored.mask[rows].sum().item()])
+    counts = torch.tensor(local, dtype=torch.float64, device=scored.mask.device)
+    return all_reduce_sum(counts, world)
+
+
+def average_grad(parameter: torch.Tensor, world: World) -> None:
+    """Average the gradient of ``parameter`` over the ranks as DDP averages those of the module it
+    wraps, for a parameter trained outside that module (λ-GRPO's λ). A rank whose backward did not
+    reach it counts a zero gradient."""
+    grad = parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
+    parameter.grad = all_reduce_sum(grad, world) / world.size
+
+
+def rows_of_rank(estimate, offsets: list[int], world: World, width: int):
+    """An advantage estimator's output (:class:`rlbook.advantages.Advantages`) on the gathered
+    batch, cut back to ``world.rank``'s rows (``offsets`` from :func:`row_offsets`) and to its
+    ``width`` token columns (the gathered batch is padded to the widest rank's)."""
+    rows = slice(offsets[world.rank], offsets[world.rank + 1])
+
+    def cut(x):
+        return None if x is None else (x[rows, :width] if x.dim() > 1 else x[rows])
+
+    return replace(estimate, advantages=cut(estimate.advantages), returns=cut(estimate.returns),
+                   keep=cut(estimate.keep))
 
 
 # counts of the whole step

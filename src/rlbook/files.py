@@ -14,6 +14,9 @@ is fsynced too, so that the rename itself survives a power cut.
     read_checkpoint(path, device)  its state (data only, never code), or CheckpointError / UnsafeCheckpointError
     convert_checkpoint(path, policy, tokenizer)
                                    rewrite a trusted checkpoint of an older format in the current one
+    trainer_state(trainer)         what a checkpoint holds of a trainer besides the policy
+    restore_trainer_state(trainer, state)
+                                   put it back (after checking that the config is the same)
     list_checkpoints(folder)       the complete checkpoint-<step> folders, oldest first
     prune_checkpoints(folder, k)   delete all but the newest k
 
@@ -33,6 +36,7 @@ Temporary names start with a dot (``.checkpoint-4.tmp``, ``.checkpoint-2.trash``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import re
@@ -255,6 +259,60 @@ def convert_checkpoint(path: str | Path, policy, tokenizer) -> Path:
         raise ValueError(f"the policy weights in {path} do not fit a {type(policy).__name__}: "
                          + " ".join(str(error).split())) from error
     return write_checkpoint(state, path, policy=policy, tokenizer=tokenizer)
+
+
+def trainer_state(trainer) -> dict:
+    """What a checkpoint holds of ``trainer`` (a :class:`rlbook.trainer.Trainer`) besides the policy, which
+    :func:`write_checkpoint` saves on its own: the value model's weights, the optimizer's state, the step, the
+    history, the adaptive coefficients (KL, entropy bonus), λ-GRPO's λ, value pretraining's history and the config
+    (as a dict)."""
+    lam = trainer.response_weight_lambda
+    return {
+        "value_model": trainer.value_model.state_dict() if trainer.value_model is not None else None,
+        "optimizer": trainer.optimizer.state_dict(),
+        "step": trainer.step,
+        "history": trainer.history,
+        "kl_coef": trainer.kl_coef,
+        "entropy_coef": trainer.entropy_coef,
+        "last_entropy": trainer.last_entropy,
+        "response_weight_lambda": None if lam is None else lam.detach().clone(),
+        "value_pretrain_history": trainer.value_pretrain_history,
+        "config": dataclasses.asdict(trainer.config),
+    }
+
+
+def restore_trainer_state(trainer, state: dict) -> None:
+    """Put a checkpoint's ``state`` (:func:`read_checkpoint`'s, the policy's weights included) back into
+    ``trainer``, built with the same config (``max_steps`` aside: a run may be extended); a ``ValueError`` naming
+    the settings that differ (:func:`describe_differences`) otherwise, before anything is changed. Checkpoints
+    written before the entropy bonus existed restore its coefficient from the config."""
+    ours = dataclasses.asdict(trainer.config)
+    changed = sorted(k for k in set(state["config"]) | set(ours)
+                     if k != "max_steps" and state["config"].get(k) != ours.get(k))
+    if changed:
+        raise ValueError("the checkpoint was made with another config "
+                         + describe_differences(changed, state["config"], ours, "the checkpoint", "this trainer"))
+    trainer.policy.load_state_dict(state["policy"])
+    if trainer.value_model is not None:
+        trainer.value_model.load_state_dict(state["value_model"])
+    if trainer.response_weight_lambda is not None:
+        with torch.no_grad():
+            trainer.response_weight_lambda.copy_(state["response_weight_lambda"])
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.step, trainer.history, trainer.kl_coef = state["step"], state["history"], state["kl_coef"]
+    trainer.entropy_coef = state.get("entropy_coef", trainer.config.entropy_coef)
+    trainer.last_entropy = state.get("last_entropy", float("inf"))
+    trainer.value_pretrain_history = state["value_pretrain_history"]
+
+
+def describe_differences(keys: list[str], stored: dict, given: dict, stored_as: str = "stored",
+                         given_as: str = "given") -> str:
+    """``keys`` where two settings differ, with both values: ``"(differs in ['learning_rate']); the checkpoint:
+    learning_rate=0.001; this trainer: learning_rate=0.5"``. A key one side lacks shows as ``(absent)``."""
+    def values(settings: dict) -> str:
+        return ", ".join(f"{k}={settings[k]!r}" if k in settings else f"{k}=(absent)" for k in keys)
+
+    return f"(differs in {list(keys)}); {stored_as}: {values(stored)}; {given_as}: {values(given)}"
 
 
 def list_checkpoints(folder: str | Path) -> list[Path]:

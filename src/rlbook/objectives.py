@@ -26,6 +26,8 @@ import math
 
 import torch
 
+from rlbook.nonfinite import require_finite
+
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "gmpo", "cispo", "sapo")
 CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")  # PPO-Clip's surrogate (clipped_surrogate), four aggregations
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
@@ -116,8 +118,8 @@ def gae(
         raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
     mask = mask.bool()
     _check_right_padded(mask)
-    _check_finite("rewards", rewards, mask)
-    _check_finite("values", values, mask)
+    require_finite("rewards", rewards, mask=mask)
+    require_finite("values", values, mask=mask)
     lam = torch.as_tensor(lam, dtype=rewards.dtype, device=rewards.device)
     if lam.dim() not in (0, 1) or (lam.dim() == 1 and lam.shape[0] != rewards.shape[0]):
         raise ValueError(f"lam must be a float or a (B,) = ({rewards.shape[0]},) tensor, got shape "
@@ -644,8 +646,8 @@ def sampler_importance_weights(
         raise ValueError(f"old_logp, sampler_logp and mask must be (B, T), got shape "
                          f"{tuple(old_logp.shape)}")
     mask = mask.bool()
-    _check_finite("old_logp", old_logp, mask)
-    _check_finite("sampler_logp", sampler_logp, mask)
+    require_finite("old_logp", old_logp, mask=mask)
+    require_finite("sampler_logp", sampler_logp, mask=mask)
     zero = torch.zeros((), dtype=old_logp.dtype, device=old_logp.device)
     log_ratio = torch.where(mask, old_logp.detach() - sampler_logp.detach(), zero)
     if mode.startswith("sequence"):
@@ -688,8 +690,8 @@ def off_policy_sequence_mask(
         raise ValueError(f"advantages must be (B,) = ({logp.shape[0]},) or (B, T) = "
                          f"{tuple(logp.shape)}, got {tuple(advantages.shape)}")
     mask = mask.bool()
-    _check_finite("logp", logp, mask)
-    _check_finite("sampler_logp", sampler_logp, mask)
+    require_finite("logp", logp, mask=mask)
+    require_finite("sampler_logp", sampler_logp, mask=mask)
     log_ratio = sampler_logp.detach() - logp.detach()
     kl = masked_sum(log_ratio, mask, dim=-1) / mask.sum(-1).clamp(min=1)  # (B,)
     return ((advantages >= 0) | (kl <= threshold)[:, None]) & mask
@@ -716,7 +718,7 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor,
                          f"{top_entropy_quantile}")
     _check_same_shape(entropies=entropies, mask=mask)
     mask = mask.bool()
-    _check_finite("entropies", entropies, mask)
+    require_finite("entropies", entropies, mask=mask)
     # in float32 at least (bf16 entropies have too few digits for a quantile)
     values = entropies.detach()[mask].to(torch.promote_types(entropies.dtype, torch.float32))
     if values.numel() == 0:
@@ -761,7 +763,7 @@ def entropy_bonus_loss(entropies: torch.Tensor, mask: torch.Tensor, entropy_coef
     _check_accumulation(gradient_accumulation_steps)
     _check_same_shape(entropies=entropies, mask=mask)
     mask = mask.bool()
-    _check_finite("entropies", entropies, mask)
+    require_finite("entropies", entropies, mask=mask)
     if not bool(mask.any()):
         return entropies.sum() * 0.0
     return -entropy_coef * masked_mean(entropies, mask) / gradient_accumulation_steps
@@ -781,8 +783,8 @@ def token_covariance(logp: torch.Tensor, advantages: torch.Tensor,
         advantages = advantages[:, None].expand_as(logp)
     _check_same_shape(logp=logp, advantages=advantages, mask=mask)
     mask = mask.bool()
-    _check_finite("logp", logp, mask)
-    _check_finite("advantages", advantages, mask)
+    require_finite("logp", logp, mask=mask)
+    require_finite("advantages", advantages, mask=mask)
     if not bool(mask.any()):
         raise ValueError("the mask is all zero: there is no token to take a covariance over")
     logp, advantages = logp.detach(), advantages.detach()
@@ -1008,7 +1010,7 @@ def policy_loss(
         raise ValueError(f"advantages must be (B,) = ({logp.shape[0]},) or (B, T) = "
                          f"{tuple(logp.shape)}, "
                          f"got {tuple(advantages.shape)}")
-    _check_finite("advantages", advantages, mask)
+    require_finite("advantages", advantages, mask=mask)
 
     log_rho = log_ratio(logp, old_logp, mask, importance_sampling_level)
     if loss_type == "gmpo" and not bool((mask.sum(-1) > 0).all()):
@@ -1114,13 +1116,13 @@ def _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_ty
         raise ValueError(f"logp, old_logp and mask must be (B, T), got shape {tuple(logp.shape)}")
     if not bool(mask.bool().any()):
         raise ValueError("the loss mask is all zero: there is no completion token to learn from")
-    _check_finite("logp", logp, mask)
-    _check_finite("old_logp", old_logp, mask)
+    require_finite("logp", logp, mask=mask)
+    require_finite("old_logp", old_logp, mask=mask)
     if beta > 0:
         if ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp, the reference policy's log-probs of the same tokens")
         _check_same_shape(logp=logp, ref_logp=ref_logp)
-        _check_finite("ref_logp", ref_logp, mask)
+        require_finite("ref_logp", ref_logp, mask=mask)
     if response_weights is not None:
         if loss_type == "gmpo":
             raise ValueError("response_weights weigh token losses; GMPO's loss is per row (use another loss_type)")
@@ -1169,7 +1171,7 @@ def _check_variant_args(logp, mask, loss_type, epsilon_high, delta, importance_s
                          "per row (use another loss_type)")
     if importance_sampling_ratio is not None:
         _check_same_shape(logp=logp, importance_sampling_ratio=importance_sampling_ratio)
-        _check_finite("importance_sampling_ratio", importance_sampling_ratio, mask)
+        require_finite("importance_sampling_ratio", importance_sampling_ratio, mask=mask)
         if bool((importance_sampling_ratio < 0)[mask.bool()].any()):
             raise ValueError("importance_sampling_ratio must be >= 0 on the mask (a weight), got "
                              f"{importance_sampling_ratio.min().item()}")
@@ -1180,7 +1182,7 @@ def _check_variant_args(logp, mask, loss_type, epsilon_high, delta, importance_s
                          f"{off_policy_mask_threshold}")
     if sampler_logp is not None:
         _check_same_shape(logp=logp, sampler_logp=sampler_logp)
-        _check_finite("sampler_logp", sampler_logp, mask)
+        require_finite("sampler_logp", sampler_logp, mask=mask)
 
 
 def positive_example_nll(logp: torch.Tensor, loss_mask: torch.Tensor,
@@ -1221,7 +1223,7 @@ def value_loss(
     if cliprange_value is not None and not cliprange_value > 0:
         raise ValueError(f"cliprange_value must be positive or None, got {cliprange_value}")
     for name, tensor in (("values", values), ("old_values", old_values), ("returns", returns)):
-        _check_finite(name, tensor, mask)
+        require_finite(name, tensor, mask=mask)
     squared = (values - returns) ** 2
     if cliprange_value is not None:
         clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
@@ -1242,14 +1244,6 @@ def _check_accumulation(gradient_accumulation_steps) -> None:
     if not gradient_accumulation_steps >= 1:
         raise ValueError("gradient_accumulation_steps must be >= 1, got "
                          f"{gradient_accumulation_steps}")
-
-
-def _check_finite(name: str, x: torch.Tensor, mask: torch.Tensor) -> None:
-    bad = ~torch.isfinite(x) & mask.bool()
-    if bool(bad.any()):
-        row, col = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"{name} is not finite at {int(bad.sum())} masked entries (first at row {row}, token "
-                         f"{col}: {x[row, col].item()})")
 
 
 def _check_right_padded(mask: torch.Tensor) -> None:

@@ -242,6 +242,18 @@ PRESETS: dict[str, dict] = {
     # with lr 1e-2 on λ alone (no weight decay, no gradient clipping), r = 0.3 fixed, ε = 0.2, no KL.
     "lambda_grpo": dict(advantage_estimator="grpo", scale_rewards="group", loss_type="dapo", beta=0.0, epsilon=0.2,
                         lambda_grpo=True, lambda_grpo_init=0.0, lambda_grpo_learning_rate=1e-2, lambda_grpo_r=0.3),
+    # CISPO (MiniMax-M1): the importance weight clipped and its gradient stopped, so no token loses its gradient.
+    # TRL 1.16's loss_type "cispo": the weight capped at epsilon_high itself, 5.0 (ScaleRL's ε_max, TRL's
+    # recommended value; epsilon is unused), no lower bound (MiniMax-M1 sets its ε_low large); DAPO's token-level
+    # loss, group z-scores, no KL, one update per rollout (TRL's default).
+    "cispo": dict(advantage_estimator="grpo", scale_rewards="group", loss_type="cispo", beta=0.0, epsilon=0.2,
+                  epsilon_high=5.0, num_iterations=1, importance_sampling_level="token"),
+    # SAPO (Qwen): a sigmoid gate on the token ratio in place of the clip, temperature 1.0 for A > 0 and 1.05
+    # otherwise (the paper's and TRL 1.16's defaults); per-completion token means as GRPO (TRL's aggregation for
+    # "sapo"), group z-scores, no KL, one update per rollout (TRL's default).
+    "sapo": dict(advantage_estimator="grpo", scale_rewards="group", loss_type="sapo", beta=0.0,
+                 sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, num_iterations=1,
+                 importance_sampling_level="token"),
 }
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import time
 from pathlib import Path
 
@@ -35,19 +34,23 @@ from rlbook.callbacks import MetricsLogger, ProgressBar, TrainerCallback
 from rlbook.distributed import (
     World,
     all_reduce_sum,
+    average_grad,
     current_world,
     gather_rows,
+    global_counts,
     global_share,
     reduce_metrics,
     row_offsets,
+    rows_of_rank,
     shard_groups,
 )
-from rlbook.files import read_checkpoint, write_checkpoint
+from rlbook.files import read_checkpoint, restore_trainer_state, trainer_state, write_checkpoint
 from rlbook.lm import adamw, autocast
 from rlbook.lm.device import low_precision
 from rlbook.lm.moe import expert_choices, is_moe, replay_routes, routers
 from rlbook.lm.value import build_value_model, token_values
 from rlbook.metrics import explained_variance, rollout_metrics
+from rlbook.nonfinite import require_finite, require_finite_rewards, skip_nonfinite_groups
 from rlbook.objectives import (
     adaptive_entropy_coef,
     adaptive_kl_coef,
@@ -268,7 +271,7 @@ class Trainer:
             rollout = Rollout(batch, examples, completions, rewards)
             time_reward += time.perf_counter() - timer
             if config.nonfinite_rewards == "skip_group":
-                rollout, skipped = self._skip_nonfinite_groups(rollout, step)
+                rollout, skipped = skip_nonfinite_groups(rollout, G, step)
                 groups_skipped += skipped
             return rollout
 
@@ -283,19 +286,6 @@ class Trainer:
         if config.nonfinite_rewards == "skip_group":
             rollout.metrics["nonfinite_rewards/groups_skipped"] = groups_skipped
         return rollout
-
-    def _skip_nonfinite_groups(self, rollout: Rollout, step: int) -> tuple[Rollout, int]:
-        """``nonfinite_rewards="skip_group"``: the rollout without the groups that hold a
-        non-finite reward, and their number; an error naming the step when no group is left."""
-        G = self.config.num_generations
-        finite = np.isfinite(rollout.rewards).reshape(-1, G).all(-1)
-        if finite.all():
-            return rollout, 0
-        if not finite.any():
-            raise ValueError(f"step {step + 1}: the reward function returned a non-finite reward in "
-                             f"every one of the {len(finite)} groups; nonfinite_rewards="
-                             "'skip_group' left nothing to train on")
-        return rollout.select_groups(np.flatnonzero(finite).tolist()), int((~finite).sum())
 
     def _per_completion(self, examples) -> list:
         """The prompts' examples repeated once per completion, in the rollout's row order (B,)."""
@@ -315,13 +305,8 @@ class Trainer:
         if rewards.shape != (len(batch),):
             raise ValueError(f"step {step + 1}: the reward function must return {len(batch)} finite "
                              f"rewards, got shape {rewards.shape}")
-        bad = np.flatnonzero(~np.isfinite(rewards)).tolist()
-        if bad and self.config.nonfinite_rewards == "raise":
-            raise ValueError(f"step {step + 1}: the reward function must return finite rewards; it "
-                             f"returned {rewards[bad[0]]} for completion {bad[0]} "
-                             f"({completions[bad[0]]!r}), {len(bad)} non-finite of {len(batch)} in "
-                             "all. Fix the reward function, or pass nonfinite_rewards="
-                             "'skip_group' to drop the groups that hold them")
+        if self.config.nonfinite_rewards == "raise":
+            require_finite_rewards(rewards, completions, step)
         return rewards
 
     @torch.no_grad()
@@ -420,8 +405,7 @@ class Trainer:
             metrics.update({} if variance_explained is None
                            else {"explained_variance": variance_explained})
         if world.distributed:
-            estimate = _rows_of_rank(estimate, row_offsets(len(batch), world), world.rank,
-                                     mask.shape[1])
+            estimate = rows_of_rank(estimate, row_offsets(len(batch), world), world, mask.shape[1])
         # the completions the estimator filtered out are not trained on (GFPO)
         if estimate.keep is not None:
             loss_mask = loss_mask * estimate.keep[:, None]
@@ -486,7 +470,8 @@ class Trainer:
                         sums.setdefault(key, []).append(value)
                     step_kl += [metrics["approx_kl"]] if "approx_kl" in metrics else []
                 if world.distributed:
-                    self._all_reduce_lambda_grad()
+                    if self.response_weight_lambda is not None:  # trained outside DDP's module
+                        average_grad(self.response_weight_lambda, world)
                     # every process decides on the mean over all of them
                     if config.early_stop_kl is not None:
                         kl = torch.tensor([sum(step_kl), len(step_kl)], dtype=torch.float64,
@@ -498,7 +483,7 @@ class Trainer:
                           for p in group["params"] if p.grad is not None]
                 if params:
                     grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
-                    self._check_finite("the gradient norm", grad_norm)
+                    require_finite("the gradient norm", grad_norm, self.step)
                     sums.setdefault("grad_norm", []).append(grad_norm.item())
                     self.optimizer.step()
                     optimizer_steps += 1
@@ -544,37 +529,15 @@ class Trainer:
                 entropy_coef_delta=config.entropy_coef_delta, entropy_coef_min=config.entropy_coef_min,
                 entropy_coef_max=config.entropy_coef_max)
 
-    def _check_finite(self, source: str, x: torch.Tensor) -> None:
-        """Refuse a non-finite loss, log-prob or gradient norm before it reaches the optimizer (so
-        the weights never hold NaN), naming the step and where it came from."""
-        if not bool(torch.isfinite(x).all()):
-            bad = x.detach().flatten()[~torch.isfinite(x.detach().flatten())]
-            raise ValueError(f"step {self.step + 1}: {source} is not finite ({bad[0].item()}); the "
-                             "optimizer step was not taken, so the weights are unchanged by it")
-
     def _kept_rows(self, scored: ScoredRollout, rows: torch.Tensor) -> torch.Tensor:
         """``rows`` without those that have no loss token (GFPO's filtered-out, DAPO's overlong), which add
         nothing, unless a value model still learns from them."""
         return rows if self.value_model is not None else rows[scored.loss_mask[rows].any(-1)]
 
     def _global_counts(self, scored: ScoredRollout, micro_batches: list[torch.Tensor]) -> torch.Tensor:
-        """Under torchrun: per micro-batch, the counts every loss divides by, summed over the processes: (k, 4)
-        rows kept, their loss tokens, the loss tokens of correct completions (VAPO's NLL), completion tokens
-        (the value loss)."""
-        local = []
-        for rows in micro_batches:
-            kept = self._kept_rows(scored, rows)
-            loss_mask = scored.loss_mask[kept]
-            local.append([len(kept), loss_mask.sum().item(),
-                          (loss_mask * scored.correct[kept, None]).sum().item(), scored.mask[kept].sum().item()])
-        return all_reduce_sum(torch.tensor(local, dtype=torch.float64, device=self.device), self.world)
-
-    def _all_reduce_lambda_grad(self) -> None:
-        """λ-GRPO's λ is trained outside DDP's module: its gradient averaged over processes as DDP averages."""
-        lam = self.response_weight_lambda
-        if lam is not None:
-            grad = lam.grad if lam.grad is not None else torch.zeros_like(lam)
-            lam.grad = all_reduce_sum(grad, self.world) / self.world.size
+        """Under torchrun: the counts each micro-batch's losses divide by, of its kept rows over all processes,
+        (k, 4) (:func:`rlbook.distributed.global_counts`)."""
+        return global_counts(scored, [self._kept_rows(scored, rows) for rows in micro_batches], self.world)
 
     def _micro_batch_backward(self, scored: ScoredRollout, rows, tokens_of_step,
                               value_only=False, counts=None) -> dict:
@@ -601,7 +564,7 @@ class Trainer:
                 input_ids, attention_mask, mask, config.temperature, with_policy=with_policy,
                 routes=routes, with_entropy=with_entropy)
             if with_policy:
-                self._check_finite("the policy's log-probs (logp)", logp[loss_mask.bool()])
+                require_finite("the policy's log-probs (logp)", logp[loss_mask.bool()], self.step)
                 # the high-entropy minority: the tokens that keep their policy loss
                 entropy_mask = (high_entropy_mask(entropies, loss_mask, config.top_entropy_quantile)
                                 if config.top_entropy_quantile < 1.0 else None)
@@ -632,7 +595,7 @@ class Trainer:
                     clip_cov_ub=config.clip_cov_ub, kl_cov_ratio=config.kl_cov_ratio,
                     ppo_kl_coef=config.ppo_kl_coef, generator=self._covariance_generator,
                 )
-                self._check_finite("the policy loss", loss)
+                require_finite("the policy loss", loss, self.step)
                 metrics["loss/policy"] = loss.item()
                 if counts is not None:  # this process's share of the loss over all processes' rows
                     if config.loss_type in ("dapo", "cispo"):  # divided by the step's global tokens
@@ -660,7 +623,7 @@ class Trainer:
             if values is not None:
                 v_loss = value_loss(values, scored.old_values[rows], scored.returns[rows], mask,
                                     config.cliprange_value)
-                self._check_finite("the value loss", v_loss)
+                require_finite("the value loss", v_loss, self.step)
                 metrics["loss/value"] = v_loss.item()
                 if counts is not None:
                     v_loss = v_loss * global_share(mask.sum(), counts[3], world)
@@ -702,66 +665,25 @@ class Trainer:
 
     def save_checkpoint(self, path: str | Path) -> Path:
         """Everything needed to continue, as data: the policy as ``path/model.safetensors`` with its config and
-        tokenizer (a folder :func:`rlbook.lm.load_policy` reads), and in ``path/trainer_state.pt`` the value
-        model's weights, optimizer state, step, history and config, as tensors and plain Python values
-        (:func:`rlbook.files.to_plain`). The folder appears complete or not at all, even if the process is
-        killed while writing (:func:`rlbook.files.write_checkpoint`); a failure raises
-        :class:`rlbook.files.CheckpointError` and leaves earlier checkpoints intact. Under torchrun
-        only rank 0 writes (every process holds the same state)."""
+        tokenizer (a folder :func:`rlbook.lm.load_policy` reads), and in ``path/trainer_state.pt`` the rest
+        (:func:`rlbook.files.trainer_state`: the value model's weights, optimizer state, step, history, config,
+        ...) as tensors and plain Python values (:func:`rlbook.files.to_plain`). The folder appears complete or
+        not at all, even if the process is killed while writing (:func:`rlbook.files.write_checkpoint`); a
+        failure raises :class:`rlbook.files.CheckpointError` and leaves earlier checkpoints intact. Under
+        torchrun only rank 0 writes (every process holds the same state)."""
         path = Path(path)
         if not self.world.is_main:
             return path
-        state = {
-            "value_model": self.value_model.state_dict() if self.value_model is not None else None,
-            "optimizer": self.optimizer.state_dict(),
-            "step": self.step,
-            "history": self.history,
-            "kl_coef": self.kl_coef,
-            "entropy_coef": self.entropy_coef,
-            "last_entropy": self.last_entropy,
-            "response_weight_lambda": None if self.response_weight_lambda is None
-            else self.response_weight_lambda.detach().clone(),
-            "value_pretrain_history": self.value_pretrain_history,
-            "config": dataclasses.asdict(self.config),
-        }
-        return write_checkpoint(state, path, policy=self.policy, tokenizer=self.tokenizer)
+        return write_checkpoint(trainer_state(self), path, policy=self.policy, tokenizer=self.tokenizer)
 
     def resume(self, path: str | Path) -> Trainer:
         """Load a :meth:`save_checkpoint` folder into this trainer (built with the same config,
-        ``max_steps`` aside: a run may be extended) and continue. An unreadable checkpoint raises
-        :class:`rlbook.files.CheckpointError`, one that holds more than data
-        :class:`rlbook.files.UnsafeCheckpointError` (a ``ValueError``), a checkpoint of another config
-        ``ValueError``."""
-        state = read_checkpoint(path, self.device)
-        ours = dataclasses.asdict(self.config)
-        changed = sorted(k for k in set(state["config"]) | set(ours)
-                         if k != "max_steps" and state["config"].get(k) != ours.get(k))
-        if changed:
-            raise ValueError("the checkpoint was made with another config "
-                             + describe_differences(changed, state["config"], ours, "the checkpoint", "this trainer"))
-        self.policy.load_state_dict(state["policy"])
-        if self.value_model is not None:
-            self.value_model.load_state_dict(state["value_model"])
-        if self.response_weight_lambda is not None:
-            with torch.no_grad():
-                self.response_weight_lambda.copy_(state["response_weight_lambda"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step, self.history, self.kl_coef = state["step"], state["history"], state["kl_coef"]
-        # checkpoints written before the entropy bonus existed had none
-        self.entropy_coef = state.get("entropy_coef", self.config.entropy_coef)
-        self.last_entropy = state.get("last_entropy", float("inf"))
-        self.value_pretrain_history = state["value_pretrain_history"]
+        ``max_steps`` aside: a run may be extended; :func:`rlbook.files.restore_trainer_state`) and
+        continue. An unreadable checkpoint raises :class:`rlbook.files.CheckpointError`, one that holds
+        more than data :class:`rlbook.files.UnsafeCheckpointError` (a ``ValueError``), a checkpoint of
+        another config ``ValueError``."""
+        restore_trainer_state(self, read_checkpoint(path, self.device))
         return self
-
-
-def describe_differences(keys: list[str], stored: dict, given: dict, stored_as: str = "stored",
-                         given_as: str = "given") -> str:
-    """``keys`` where two settings differ, with both values: ``"(differs in ['learning_rate']); the checkpoint:
-    learning_rate=0.001; this trainer: learning_rate=0.5"``. A key one side lacks shows as ``(absent)``."""
-    def values(settings: dict) -> str:
-        return ", ".join(f"{k}={settings[k]!r}" if k in settings else f"{k}=(absent)" for k in keys)
-
-    return f"(differs in {list(keys)}); {stored_as}: {values(stored)}; {given_as}: {values(given)}"
 
 
 def _sampling_metrics(old_logp, sampler_logp, weights, mask, mode: str) -> dict:
@@ -805,18 +727,6 @@ class _Learner(torch.nn.Module):
         if self.value_model is not None:
             values = token_values(self.value_model, input_ids, attention_mask, mask)
         return logp, values, entropies
-
-
-def _rows_of_rank(estimate, offsets: list[int], rank: int, width: int):
-    """An estimator's output on the gathered batch, cut back to this process's rows and its ``width`` token
-    columns."""
-    rows = slice(offsets[rank], offsets[rank + 1])
-
-    def cut(x):
-        return None if x is None else (x[rows, :width] if x.dim() > 1 else x[rows])
-
-    return dataclasses.replace(estimate, advantages=cut(estimate.advantages), returns=cut(estimate.returns),
-                               keep=cut(estimate.keep))
 
 
 def _frozen_copy(model):

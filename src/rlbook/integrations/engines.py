@@ -101,10 +101,10 @@ def completions_per_optimizer_step(c: RLConfig) -> int:
 
 
 def _micro_batch_note(c: RLConfig, engine_mode: str) -> str | None:
-    """The caveat of an engine's mean over the optimizer step where the book's ``grpo``/``bnpo`` mean over each
-    micro-batch: only when they differ (``gradient_accumulation_steps > 1``)."""
-    if c.loss_type in ("grpo", "bnpo") and c.gradient_accumulation_steps > 1:
-        of = "completions" if c.loss_type == "grpo" else "loss tokens"
+    """The caveat of an engine's mean over the optimizer step where the book's ``grpo``/``bnpo`` (and ``sapo``,
+    aggregated as ``grpo``) mean over each micro-batch: only when they differ (``gradient_accumulation_steps > 1``)."""
+    if c.loss_type in ("grpo", "bnpo", "sapo") and c.gradient_accumulation_steps > 1:
+        of = "loss tokens" if c.loss_type == "bnpo" else "completions"
         return (f"{engine_mode} divides by the {of} of the whole optimizer step, the book's {c.loss_type} by each "
                 f"micro-batch's; they agree when gradient_accumulation_steps = 1")
     return None
@@ -170,16 +170,9 @@ def _entropy_coef(c: RLConfig, option: str, o: dict, notes: dict, aggregation: s
     if c.entropy_coef == 0.0 or c.use_adaptive_entropy:
         return
     o[option] = _str(c.entropy_coef)
-    if c.loss_type not in ("bnpo", "dapo"):
+    if c.loss_type not in ("bnpo", "dapo", "cispo"):
         notes[option] = (f"the engine averages the entropy as it aggregates the loss ({aggregation}); the book, "
                          f"as TRL, takes the token mean, so the bonus weighs long and short completions otherwise")
-
-
-def _unmapped_loss(c: RLConfig) -> tuple[str, str] | None:
-    """TRL 1.16's CISPO and SAPO, which the book maps to TRL only."""
-    if c.loss_type in ("cispo", "sapo"):
-        return f"loss_type={c.loss_type!r}", "the book maps this loss to TRL only, not to this engine's options"
-    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -256,8 +249,9 @@ def trl_run(c: RLConfig, output_dir: str = "runs/rlbook") -> EngineRun:
 # verl
 # ---------------------------------------------------------------------------------------------------------------
 
+# the book's aggregations as verl's loss_agg_mode (CISPO's is DAPO's token mean, SAPO's GRPO's per-completion mean)
 VERL_LOSS_AGG = {"grpo": "seq-mean-token-mean", "dapo": "token-mean", "bnpo": "token-mean",
-                 "dr_grpo": "seq-mean-token-sum-norm"}
+                 "dr_grpo": "seq-mean-token-sum-norm", "cispo": "token-mean", "sapo": "seq-mean-token-mean"}
 
 
 def _verl_blocked(c: RLConfig) -> tuple[str, str] | None:
@@ -271,8 +265,9 @@ def _verl_blocked(c: RLConfig) -> tuple[str, str] | None:
         return f"advantage_estimator={c.advantage_estimator!r}", reasons[c.advantage_estimator]
     if c.loss_type == "gmpo" and c.importance_sampling_level != "token":
         return "loss_type='gmpo' with a sequence-level ratio", "verl's geo_mean clips token ratios"
-    if unmapped := _unmapped_loss(c):
-        return unmapped
+    if c.loss_type in ("cispo", "sapo") and c.importance_sampling_level != "token":
+        return (f"loss_type={c.loss_type!r} with a sequence-level ratio",
+                f"verl's {c.loss_type} loss weighs token ratios only")
     if c.lambda_grpo:
         return "lambda_grpo", "no learnable length-based response weights (λ-GRPO)"
     per_step = completions_per_optimizer_step(c)
@@ -335,6 +330,8 @@ def verl_run(c: RLConfig) -> EngineRun:
             "verl's geo_mean averages each micro-batch's completions, and the micro-batches' losses add up: with k "
             "micro-batches per GPU in an optimizer step the gradient is k times the book's (Adam undoes a constant "
             "factor, the gradient clip does not); keep MICRO at a GPU's share of an optimizer step (k = 1)")
+    elif c.loss_type in ("cispo", "sapo"):  # verl's policy-loss modes of the same names (token ratios)
+        o[f"{actor}.policy_loss.loss_mode"] = c.loss_type
     elif c.importance_sampling_level in ("sequence", "sequence_token"):
         o[f"{actor}.policy_loss.loss_mode"] = "gspo"
         notes[f"{actor}.policy_loss.loss_mode"] = (
@@ -342,8 +339,19 @@ def verl_run(c: RLConfig) -> EngineRun:
             "gradient equal one ratio per completion when every token's advantage is its completion's, as here")
     else:
         o[f"{actor}.policy_loss.loss_mode"] = "vanilla"
-    o[f"{actor}.clip_ratio_low"] = _str(c.epsilon)
-    o[f"{actor}.clip_ratio_high"] = _str(c.epsilon if c.epsilon_high is None else c.epsilon_high)
+    high = c.epsilon if c.epsilon_high is None else c.epsilon_high
+    if c.loss_type == "cispo":
+        # verl clips CISPO's weight to [1 - clip_ratio_low, 1 + clip_ratio_high]; the book (as TRL) caps it at
+        # epsilon_high itself, with no lower bound
+        o[f"{actor}.clip_ratio_low"], o[f"{actor}.clip_ratio_high"] = "1", _g(high - 1)
+        notes[f"{actor}.clip_ratio_high"] = (
+            f"verl's cispo caps the weight at 1 + clip_ratio_high, the book (as TRL) at epsilon_high = {_g(high)} "
+            f"itself: the value is epsilon_high - 1; clip_ratio_low = 1 puts the lower bound at 0, where no ratio "
+            f"falls (the book's CISPO has none)")
+    elif c.loss_type == "sapo":  # no clip: the temperatures of the gate, verl's tau_pos and tau_neg
+        o[f"{actor}.tau_pos"], o[f"{actor}.tau_neg"] = _str(c.sapo_temperature_pos), _str(c.sapo_temperature_neg)
+    else:
+        o[f"{actor}.clip_ratio_low"], o[f"{actor}.clip_ratio_high"] = _str(c.epsilon), _str(high)
     if o[f"{actor}.policy_loss.loss_mode"] == "vanilla":
         o[f"{actor}.clip_ratio_c"] = VERL_NO_DUAL_CLIP
         notes[f"{actor}.clip_ratio_c"] = ("switches off verl's dual clip (its default c = 3 caps a negative "
@@ -357,7 +365,7 @@ def verl_run(c: RLConfig) -> EngineRun:
         else:
             for name in ("kl_cov_ratio", "ppo_kl_coef"):
                 o[f"{actor}.policy_loss.{name}"] = _str(getattr(c, name))
-    if c.loss_type != "gmpo":  # geo_mean ignores loss_agg_mode
+    if c.loss_type != "gmpo":  # geo_mean ignores loss_agg_mode (sapo's loss too, but not its KL and entropy terms)
         o[f"{actor}.loss_agg_mode"] = VERL_LOSS_AGG[c.loss_type]
         _entropy_coef(c, f"{actor}.entropy_coeff", o, notes, f"loss_agg_mode={VERL_LOSS_AGG[c.loss_type]}")
         if note := _micro_batch_note(c, f"verl's {VERL_LOSS_AGG[c.loss_type]}"):
@@ -459,8 +467,12 @@ def _openrlhf_blocked(c: RLConfig) -> tuple[str, str] | None:
                                     "would read GMPO's log-space ε as its ratio clip")
     if c.lambda_grpo:
         return "lambda_grpo", "no learnable length-based response weights (λ-GRPO)"
-    if unmapped := _unmapped_loss(c):
-        return unmapped
+    if c.loss_type == "cispo":
+        return "loss_type='cispo'", ("no CISPO loss (a capped importance weight with its gradient stopped, times "
+                                     "log π): `--actor.policy_loss_type` is ppo or gspo, both clipped surrogates")
+    if c.loss_type == "sapo":
+        return "loss_type='sapo'", ("no SAPO loss (a sigmoid gate on the ratio in place of the clip): "
+                                    "`--actor.policy_loss_type` is ppo or gspo, both clipped surrogates")
     return None
 
 

@@ -54,10 +54,10 @@ What TRL's ``GRPOTrainer`` cannot express (TRL 1.16; :func:`unsupported` lists t
 - ``"gfpo"``: GFPO's filter (keep the ``gfpo_k`` shortest of each group) is not in TRL;
 - ``"lambda_grpo"``: λ-GRPO's learnable response weights are not in TRL.
 
-The others map: ``"grpo"``, ``"trl_grpo"``, ``"dr_grpo"``, ``"reinforce_baseline"``, ``"gspo"`` and ``"gmpo"``.
-So do TRL 1.16's variants under their TRL names: ``loss_type="cispo"`` and ``"sapo"`` (with
-``sapo_temperature_pos``/``_neg``), ``delta``, ``off_policy_mask_threshold`` and the
-``vllm_importance_sampling_*`` correction (which TRL applies only when vLLM samples, ``use_vllm=True``; the
+The others map: ``"grpo"``, ``"trl_grpo"``, ``"dr_grpo"``, ``"reinforce_baseline"``, ``"gspo"``, ``"gmpo"``,
+``"cispo"`` and ``"sapo"``. So do TRL 1.16's variants under their TRL names: ``loss_type="cispo"`` (its cap is
+``epsilon_high``) and ``"sapo"`` (with ``sapo_temperature_pos``/``_neg``), ``delta``, ``off_policy_mask_threshold``
+and the ``vllm_importance_sampling_*`` correction (which TRL applies only when vLLM samples, ``use_vllm=True``; the
 book's sampler plays vLLM's part), and the entropy methods ``top_entropy_quantile``, ``entropy_coef`` and
 ``use_adaptive_entropy`` (with ``entropy_coef_min``/``_max``/``_delta`` and ``entropy_target``).
 
