@@ -212,6 +212,8 @@ def run_dpo(seed: int, *, organism: str, rpo_alpha: float | None = None, evaluat
     round_samples = DPO_ROUND["prompts"] * DPO_ROUND["num_generations"]
     rounds = math.ceil(common["max_steps"] * BATCH / round_samples)
     eval_rounds = max(1, round(held_out.every * BATCH / round_samples)) if held_out.every else 0
+    # an RL step's evaluation points as rounds: the round whose samples come nearest the step's
+    at_rounds = {min(rounds, max(1, round(s * BATCH / round_samples))) - 1 for s in held_out.at_steps}
 
     # what HeldOutEvaluation reads off a trainer
     view = SimpleNamespace(policy=policy, tokenizer=tokenizer, task=task, step=0, history=[],
@@ -234,7 +236,7 @@ def run_dpo(seed: int, *, organism: str, rpo_alpha: float | None = None, evaluat
         view.history.append({"num_completions": round_samples})
         rows.append({"num_pairs": len(pairs), "loss": round(history[-1]["loss"], 6) if pairs else None,
                      "seconds": round(time.perf_counter() - timer, 3)})
-        if (eval_rounds and (r + 1) % eval_rounds == 0) or r == rounds - 1:
+        if (eval_rounds and (r + 1) % eval_rounds == 0) or r in at_rounds or r == rounds - 1:
             held_out.measure(view)
     for e in held_out.records:
         e["samples"] = e["num_completions"]
@@ -291,7 +293,8 @@ def run_setting(name: str, arm: dict, seed: int, *, phase: str, evaluation: dict
     organism, algorithm = arm["organism"], arm["algorithm"]
     spec = SETTINGS[organism]
     steps = settings.get("max_steps", spec["settings"]["max_steps"])
-    sizes = ({**TUNING_EVALUATION, "every": max(1, steps // 4)} if phase == "tuning" else
+    quarters = sorted({max(1, round(steps * k / 4)) for k in (1, 2, 3)} - {steps})  # and the end, always
+    sizes = ({**TUNING_EVALUATION, "every": 0, "at_steps": quarters} if phase == "tuning" else
              {"split": "test", "every": CONFIRMATION_EVERY})
     overrides = ONE_UPDATE[algorithm] if arm["one_update"] else {}
     return run_one(algorithm, arm_for(algorithm, organism, **overrides), seed, organism=organism,

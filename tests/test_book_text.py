@@ -1218,6 +1218,7 @@ PROSE_NUMBERS_ALLOWED = {
     "part6/family.md": {
         "0.05": "setting", "0.04": "setting", "0.01": "setting",  # KL coefficients
         "0.4": "setting", "0.0003": "setting", "0.0004": "setting",  # GMPO's and GSPO's clip ranges
+        "1.05": "setting",  # SAPO's temperature for negative advantages (the settings table, checked against it)
     },
     "part6/head_to_head.md": {
         "0.04": "setting", "0.05": "setting",  # GRPO's and PPO-RLHF's KL coefficients

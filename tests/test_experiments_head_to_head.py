@@ -165,7 +165,7 @@ def test_a_reduced_fair_comparison_tunes_on_validation_and_confirms_the_selectio
             super().__init__(**kwargs)
 
     monkeypatch.setattr(script, "TimedEvaluation", Spy)
-    small = dict(processes=1, progress=False, max_steps=2, evaluation={"num_prompts": 16, "every": 1})
+    small = dict(processes=1, progress=False, max_steps=2, evaluation={"num_prompts": 16})
     tuning_out, out = tmp_path / "tuning.json", tmp_path / "confirmation.json"
     # in two parts, as a long tuning is made: the second call runs only what the first did not store
     script.run_tuning(["short"], ["grpo"], seeds=[0], out=tuning_out, **small)
@@ -173,6 +173,14 @@ def test_a_reduced_fair_comparison_tunes_on_validation_and_confirms_the_selectio
     tuning = script.run_tuning(["short"], ["grpo", "ppo", "dpo"], seeds=[0], out=tuning_out, **small)
     assert set(splits) == {"validation"} and len(splits) == len(tuning["runs"]) == 4 + 8 + 8
     assert all(tuning["runs"][name] == runs for name, runs in first["runs"].items())  # not rerun
+    # evaluated at the start, at a quarter, half and three quarters of the run, and at the end (DPO: its rounds)
+    assert [e["step"] for e in tuning["runs"]["short/grpo/lr=0.0003"][0]["evals"]] == [0, 1, 2]  # 2 steps
+    long = script.run_setting("short/grpo/lr=0.0003", tuning["arms"]["short/grpo/lr=0.0003"], 0, phase="tuning",
+                              max_steps=8, evaluation={"num_prompts": 8})
+    assert [e["step"] for e in long["evals"]] == [0, 2, 4, 6, 8]
+    dpo = script.run_setting("short/dpo/lr=0.0003", tuning["arms"]["short/dpo/lr=0.0003"], 0, phase="tuning",
+                             max_steps=64, evaluation={"num_prompts": 8})  # 4 rounds of 1,024 completions
+    assert [e["samples"] for e in dpo["evals"]] == [0, 1024, 2048, 3072, 4096]
     for name, (record,) in tuning["runs"].items():
         arm = tuning["arms"][name]
         rate = record["config"]["learning_rate"]
