@@ -57,7 +57,7 @@ import numpy as np
 
 from rlbook.callbacks import TrainerCallback
 from rlbook.evaluation import HeldOutEvaluation
-from rlbook.experiment import Arm, provenance, run_experiment, train_run
+from rlbook.experiment import Arm, mean_interval, provenance, run_experiment, train_run
 
 RESULTS = Path(__file__).parent / "results" / "head_to_head.json"  # the fair comparison's confirmation
 SHARED_RATE_RESULTS = Path(__file__).parent / "results" / "exploratory" / "head_to_head_shared_rate.json"
@@ -171,7 +171,7 @@ def run_one(algorithm: str, arm: Arm, seed: int, *, organism: str, evaluation: d
             raise
         record = {"diverged": str(error), "metrics": {k: [] for k in STEP_TIME}}
     # the cost so far at each evaluation: completions sampled and training seconds, value pretraining included
-    step_seconds = np.sum([[t or 0.0 for t in record["metrics"][k]] for k in STEP_TIME], axis=0).reshape(-1)
+    step_seconds = np.sum([[t or 0.0 for t in record["metrics"][k]] for k in STEP_TIME], axis=0)
     for e in held_out.records:
         e["samples"] = e["num_completions"] + pretraining.samples
         e["seconds"] = round(pretraining.seconds + float(step_seconds[: e["step"]].sum()), 3)
@@ -318,9 +318,9 @@ def select(tuning: dict) -> dict[str, dict]:
     scores: dict[str, list] = {}
     for name, arm in tuning["arms"].items():
         score = float(np.mean([validation_score(r) for r in tuning["runs"][name]]))
-        scores.setdefault(setting_name(arm["organism"], arm["algorithm"]), [])
+        candidates = scores.setdefault(setting_name(arm["organism"], arm["algorithm"]), [])
         if np.isfinite(score):
-            scores[setting_name(arm["organism"], arm["algorithm"])].append((score, arm))
+            candidates.append((score, arm))
     chosen = {}
     for key, candidates in scores.items():
         if not candidates:
@@ -331,6 +331,24 @@ def select(tuning: dict) -> dict[str, dict]:
         lr, _, score, arm = min(tied, key=lambda t: t[:2])
         chosen[key] = {"learning_rate": lr, "one_update": arm["one_update"], "score": round(score, 6)}
     return chosen
+
+
+def _run_phase(name: str, phase: str, arms: dict, seeds, *, out, stored_evaluation: dict, plan, processes,
+               arguments, progress, description: str, summary: dict, extra: dict | None = None,
+               evaluation: dict | None = None, **settings) -> dict:
+    """One phase of the fair comparison as one flat experiment (:func:`rlbook.experiment.run_experiment`): the
+    ``arms`` that ``out`` does not hold yet, each run by :func:`run_setting` in ``phase``, merged into ``out``;
+    ``settings`` are shared by every run (the tests' shorter runs) and stored in ``common`` with the evaluation."""
+    arms = _not_stored(arms, out)
+    if not arms:
+        return json.loads(Path(out).read_text())
+    return run_experiment(
+        name, functools.partial(run_setting, phase=phase, evaluation=evaluation, **settings), arms, seeds,
+        out=out, merge=True, plan=plan, processes=processes, arguments=arguments, progress=progress,
+        steps_per_run=functools.partial(_steps_per_run, max_steps=settings.get("max_steps")),
+        checkpoints=sorted({spec["policy"] for spec in SETTINGS.values()}),
+        common={"batch": BATCH, "train_split": TRAIN_SPLIT, "evaluation": stored_evaluation, **settings},
+        extra=extra, description=description, summary=summary)
 
 
 def _not_stored(arms: dict, out) -> dict:
@@ -355,17 +373,12 @@ def run_tuning(organisms=tuple(SETTINGS), algorithms=tuple(FAIR_ALGORITHMS), see
     """The tuning phase for the given organisms and algorithms (a part of the plan's grid; settings already stored
     in ``out`` are skipped, so a stopped tuning resumes where it stopped): one flat experiment whose arms are
     named by :func:`setting_name`, merged into ``out``."""
-    arms = _not_stored(tuning_arms(organisms, algorithms), out)
-    if not arms:
-        return json.loads(Path(out).read_text())
-    steps = functools.partial(_steps_per_run, max_steps=settings.get("max_steps"))
-    return run_experiment(
-        "head_to_head_tuning", functools.partial(run_setting, phase="tuning", evaluation=evaluation, **settings),
-        arms, seeds, out=out, merge=True, plan=plan, processes=processes, steps_per_run=steps, progress=progress,
-        arguments=arguments, checkpoints=sorted({SETTINGS[o]["policy"] for o in SETTINGS}),
-        common={"batch": BATCH, "train_split": TRAIN_SPLIT, "evaluation": TUNING_EVALUATION, **settings},
+    return _run_phase(
+        "head_to_head_tuning", "tuning", tuning_arms(organisms, algorithms), seeds, out=out, plan=plan,
+        processes=processes, arguments=arguments, progress=progress, evaluation=evaluation,
+        stored_evaluation=TUNING_EVALUATION,
         description="every algorithm at every learning rate (and one update per rollout), on validation prompts",
-        summary={"validation score": validation_score})
+        summary={"validation score": validation_score}, **settings)
 
 
 def run_confirmation(tuning_path=TUNING_RESULTS, seeds=CONFIRMATION_SEEDS, *, organisms=tuple(SETTINGS),
@@ -377,7 +390,8 @@ def run_confirmation(tuning_path=TUNING_RESULTS, seeds=CONFIRMATION_SEEDS, *, or
     from rlbook.plans import sha256
 
     tuning_path = Path(tuning_path)
-    tuning = json.loads(tuning_path.read_text())
+    data = tuning_path.read_bytes()
+    tuning = json.loads(data)
     reused = sorted(set(seeds) & set(tuning["seeds"]))
     if reused:
         raise ValueError(f"confirmation seeds {reused} were used in the tuning: confirm on fresh seeds")
@@ -386,24 +400,18 @@ def run_confirmation(tuning_path=TUNING_RESULTS, seeds=CONFIRMATION_SEEDS, *, or
         where = tuning_path.resolve().relative_to(Path(__file__).resolve().parents[1]).as_posix()
     except ValueError:
         where = tuning_path.name
-    source = {"path": where, "sha256": sha256(tuning_path.read_bytes())}
+    source = {"path": where, "sha256": sha256(data)}
     if out is not None and Path(out).exists() and json.loads(Path(out).read_text()).get("tuning") != source:
         raise ValueError(f"{out} was confirmed from another tuning file than {tuning_path}: its selection differs")
     arms = {setting_name(o, a): {"organism": o, "algorithm": a,
                                  **{k: selected[setting_name(o, a)][k] for k in ("learning_rate", "one_update")}}
             for o in organisms for a in algorithms}
-    arms = _not_stored(arms, out)
-    if not arms:
-        return json.loads(Path(out).read_text())
-    steps = functools.partial(_steps_per_run, max_steps=settings.get("max_steps"))
-    return run_experiment(
-        "head_to_head", functools.partial(run_setting, phase="confirmation", evaluation=evaluation, **settings),
-        arms, seeds, out=out, merge=True, plan=plan, processes=processes, steps_per_run=steps, progress=progress,
-        arguments=arguments, checkpoints=sorted({SETTINGS[o]["policy"] for o in SETTINGS}),
-        common={"batch": BATCH, "train_split": TRAIN_SPLIT, "evaluation": EVALUATION, **settings},
+    return _run_phase(
+        "head_to_head", "confirmation", arms, seeds, out=out, plan=plan, processes=processes, arguments=arguments,
+        progress=progress, evaluation=evaluation, stored_evaluation=EVALUATION,
         extra={"selected": selected, "tuning": source},
         description="each algorithm at its selected setting, on fresh seeds and the test prompts",
-        summary={"accuracy end": lambda r: r["evals"][-1]["expected_accuracy"]})
+        summary={"accuracy end": lambda r: r["evals"][-1]["expected_accuracy"]}, **settings)
 
 
 # --- the verdicts: the plan's rules (experiments/plans/head_to_head.md) applied to the confirmation's results ---
@@ -483,12 +491,12 @@ def verdicts(result: dict, memory: dict | None = None) -> list[dict]:
     """The plan's eight recommendations judged on the confirmation ``result`` (``memory``: peak MiB added per
     algorithm on length inflation, from the memory pass), Holm over the thirteen tests. One entry per row and
     arm, in the file's layout (``difference``: mean and unadjusted 95 % interval; ``adjusted``: Holm's)."""
-    from rlbook.evaluation import holm_intervals, paired_difference
+    from rlbook.evaluation import holm_intervals
 
     tests, nulls = verdict_tests(result)
     held = holm_intervals(tests, nulls)
-    for name, test in held.items():
-        _, test["plain_low"], test["plain_high"] = paired_difference(np.zeros_like(tests[name]), tests[name])
+    for name, test in held.items():  # the unadjusted 95 % interval beside Holm's
+        _, test["plain_low"], test["plain_high"] = mean_interval(tests[name])
     out = []
     # 1. PPO: better accuracy on some organism and worse on none
     sides = {o: _side(held[f"ppo/{o}/accuracy"]) for o in SETTINGS}
