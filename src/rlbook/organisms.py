@@ -161,6 +161,28 @@ ORGANISMS: dict[str, Organism] = {
               "grpo": Arm("grpo", beta=0.0), "gmpo": Arm("gmpo")},
         metric="entropy", failure="down", num_prompts=1024, num_samples=16, eval_every=100,
     ),
+    # The entropy methods of "After the note" on entropy_collapse's setting (the same policy, task and settings; a
+    # separate organism so that entropy_collapse's registered file stays as it was run): against the symmetric clip,
+    # the high-entropy filter (TRL's share 0.2), Skywork-OR1's adaptive bonus (TRL's step, start and range; the
+    # target is half the base policy's token entropy, 2.51 nats at step 0, because the paper's 0.2 nats lies below
+    # anything this organism reaches), verl's Clip-Cov and KL-Cov (its defaults) and CISPO (cap 5). Each changes one
+    # thing of the symmetric clip's arm.
+    "entropy_methods": Organism(
+        name="entropy_methods",
+        description="entropy_collapse's setting (many valid answers, ±1 rewards, four updates per rollout): the "
+                    "entropy methods and CISPO against the symmetric clip, under which the entropy collapses",
+        policy="constraint_string",
+        task_kwargs={"incorrect_reward": -1.0},
+        settings=dict(learning_rate=3e-4, max_steps=300, num_iterations=4, per_device_train_batch_size=64),
+        arms={"symmetric_clip": Arm("dapo", epsilon_high=0.2, **_DAPO_PARTS),
+              "high_entropy": Arm("dapo", epsilon_high=0.2, top_entropy_quantile=0.2, **_DAPO_PARTS),
+              "adaptive_entropy": Arm("dapo", epsilon_high=0.2, use_adaptive_entropy=True, entropy_coef=0.0,
+                                      entropy_target=1.25, **_DAPO_PARTS),
+              "clip_cov": Arm("dapo", epsilon_high=0.2, covariance_method="clip_cov", **_DAPO_PARTS),
+              "kl_cov": Arm("dapo", epsilon_high=0.2, covariance_method="kl_cov", **_DAPO_PARTS),
+              "cispo": Arm("dapo", loss_type="cispo", epsilon_high=5.0, **_DAPO_PARTS)},
+        metric="entropy", failure="down", num_prompts=1024, num_samples=16, eval_every=100,
+    ),
     # DAPO's dynamic sampling: a nearly solved policy (about 90 % of samples right), so most groups of G samples are
     # all right and carry no gradient under a group baseline; the batch that teaches anything shrinks as it learns.
     # Dynamic sampling draws more groups until the batch is full of informative ones: it pays in samples, so it is
