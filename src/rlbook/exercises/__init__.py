@@ -8,6 +8,7 @@ raises ``AssertionError`` with the first disagreement, and prints ``ok`` when al
 """
 
 from rlbook.exercises._compare import assert_close
+from rlbook.exercises.after_the_note import check_cispo_loss, check_sampler_weights
 from rlbook.exercises.drgrpo import check_token_weights
 from rlbook.exercises.dapo import check_informative_groups, check_soft_overlong_penalty
 from rlbook.exercises.dpo import check_dpo_loss
@@ -39,6 +40,7 @@ __all__ = [
     "assert_close",
     "check_average_reward",
     "check_bradley_terry_loss",
+    "check_cispo_loss",
     "check_clipped_objective",
     "check_completion_mask_from_ids",
     "check_decoupled_gae",
@@ -62,6 +64,7 @@ __all__ = [
     "check_mean_token_logprob",
     "check_q_value_iteration_step",
     "check_rlhf_token_rewards",
+    "check_sampler_weights",
     "check_sequence_logprob",
     "check_soft_overlong_penalty",
     "check_token_weights",
