@@ -102,6 +102,14 @@ PHENOMENA = [
          "a sampler that disagrees with the learner; the fix: CISPO's capped weight on the same ratios",
          organism="sampler_mismatch", fix="cispo"),
 ]
+# the entropy methods on entropy_collapse's setting (organism entropy_methods): each changes one thing of the
+# symmetric clip's arm; accuracy beside the entropy, since entropy kept high at the cost of accuracy is no fix
+ENTROPY_FIXES = {"high_entropy": "the gradient only on the 20 % of tokens with the highest entropy",
+                 "adaptive_entropy": "an entropy bonus whose coefficient adapts to a target",
+                 "clip_cov": "Clip-Cov", "kl_cov": "KL-Cov", "cispo": "CISPO's capped weight in place of the clip"}
+PHENOMENA += [dict(chapter="after_the_note", phenomenon=f"token entropy collapses under the symmetric clip; the fix: "
+                   f"{what}", organism="entropy_methods", fix=fix, metric="entropy", direction="up",
+                   beside=("expected_accuracy",)) for fix, what in ENTROPY_FIXES.items()]
 
 
 def results_file(name: str, results: Path = RESULTS, stem: str | None = None) -> Path:

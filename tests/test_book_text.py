@@ -1133,6 +1133,9 @@ PROSE_NUMBERS_ALLOWED = {
         "0.26": "constant",  # the study note's std in its GRPO example
         "90%": "constant",  # the study note's share of the greedy action
     },
+    "part7/after_the_note.md": {
+        "20%": "setting",  # the share of tokens the high-entropy filter keeps (top_entropy_quantile 0.2)
+    },
     "appendix/reading_experiments.md": {
         "0.466": "constant",  # an example of how a change is written
     },
