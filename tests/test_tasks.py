@@ -11,6 +11,7 @@ from rlbook.tasks import (
     TASKS,
     Arithmetic,
     ConstraintString,
+    ScratchpadAddition,
     Example,
     PreferencePair,
     ReverseDigits,
@@ -41,6 +42,8 @@ TASK_FACTORIES = {
     "constraint": lambda: ConstraintString(),
     "constraint_three_counts": lambda: ConstraintString(min_length=6, max_length=14, num_counts=3, min_count=0,
                                                         max_count=4, letters="abcd"),
+    "addition_scratchpad": lambda: ScratchpadAddition(),
+    "addition_scratchpad_one_digit": lambda: ScratchpadAddition(min_digits=1, max_digits=1, scratchpad_rate=1.0),
     "constraint_tight": lambda: ConstraintString(min_length=2, max_length=2, num_counts=2, letters="abc"),
 }
 DEFAULT_TASKS = ["arithmetic", "sort", "reverse", "constraint"]
@@ -442,6 +445,8 @@ def test_constraint_reward_all_or_nothing_and_partial_credit():
     (lambda: SortDigits(correct_reward=float("nan")), "rewards must be finite"),
     (lambda: SortDigits(scratchpad=True, max_completion_length=10), r"must be >= the longest demonstration"),
     (lambda: ConstraintString(max_completion_length=0), "max_completion_length must be >= 1"),
+    (lambda: ScratchpadAddition(scratchpad_rate=1.5), "scratchpad_rate must be a number in"),
+    (lambda: ScratchpadAddition(min_digits=4, max_digits=2), "min_digits"),
     (lambda: get_task("chess"), "unknown task 'chess'"),
 ])
 def test_bad_arguments_raise_value_error_naming_the_problem(build, message):
@@ -453,7 +458,8 @@ def test_bad_arguments_raise_value_error_naming_the_problem(build, message):
 
 
 def test_get_task_builds_each_registered_task_and_config_rebuilds_it():
-    assert sorted(TASKS) == ["arithmetic", "constraint_string", "lagged_sum", "reverse_digits", "sort_digits"]
+    assert sorted(TASKS) == ["addition_scratchpad", "arithmetic", "constraint_string", "lagged_sum", "reverse_digits",
+                             "sort_digits"]
     for name, cls in TASKS.items():
         task = get_task(name)
         assert isinstance(task, cls) and isinstance(task, Task) and task.name == name
@@ -624,3 +630,28 @@ def test_arithmetic_max_answer_length_per_operation():
     assert Arithmetic(num_digits=3, operations="-", allow_negative=True).max_demonstration_length == 4
     assert Arithmetic(num_digits=3, operations="+-").max_demonstration_length == 4
     assert Arithmetic(num_digits=3, operations="-*").max_demonstration_length == 6
+
+
+# --- addition with an optional scratchpad (the GFPO organism's task) -----------------------------------------
+
+
+def test_scratchpad_addition_verifies_only_the_final_answer():
+    task = ScratchpadAddition(min_digits=3, max_digits=3)
+    example = Example("472+385=", "857", {"a": 472, "b": 385, "digits": 3, "scratchpad": True})
+    assert task.demonstration(example) == "7,5,8|857"
+    for right in ("857", " 857 ", "7,5,8|857", "7,5,9|857", "|857", "857|857", "1,2|3|857"):
+        assert task.is_correct(example, right), right  # as with a chain of thought, the work is not checked
+    for wrong in ("858", "7,5,8|858", "7,5,8|857|8", "0857", "7,5,8|", "7,5,8", "857 |"):
+        assert not task.is_correct(example, wrong), wrong
+
+
+def test_scratchpad_addition_draws_its_sizes_and_demonstrations_as_asked():
+    examples = ScratchpadAddition(min_digits=2, max_digits=4, scratchpad_rate=0.3).sample(2000, seed=0)
+    digits = np.array([e.meta["digits"] for e in examples])
+    assert set(digits) == {2, 3, 4}
+    for e in examples:
+        a, b = e.prompt[:-1].split("+")
+        assert len(a) == len(b) == e.meta["digits"] and int(e.answer) == int(a) + int(b)
+    assert abs(np.mean([e.meta["scratchpad"] for e in examples]) - 0.3) < 0.04
+    never = ScratchpadAddition(scratchpad_rate=0.0)
+    assert all("|" not in never.demonstration(e) for e in never.sample(50, seed=1))

@@ -147,6 +147,27 @@ ORGANISMS: dict[str, Organism] = {
               "dapo": Arm("dapo")},
         metric="mean_length_wrong", failure="up", num_prompts=1024, num_samples=8, eval_every=100,
     ),
+    # GFPO's premise: right answers that can be short or long, and a reason for RL to lengthen them. Sums of 2-4
+    # digits, written at once or after a scratchpad of the sum's digits from the least significant one, which makes
+    # a sum right more often for these models; under GRPO the scratchpad spreads and the right answers grow longer
+    # while accuracy rises. GFPO's three filters sample 16 a group and keep 8 (or 4-8 by difficulty); every arm
+    # samples 64 completions a step (GFPO: 4 prompts x 16), so the arms are compared at equal samples; `unfiltered`
+    # is GFPO's preset with nothing filtered (the same 4 x 16 groups and token-level loss), which tells the filter
+    # from the group size and the aggregation.
+    "length_growth": Organism(
+        name="length_growth",
+        description="sums of 2-4-digit numbers with an optional scratchpad that makes them right more often, ±1 "
+                    "rewards: under GRPO the right answers grow longer",
+        policy="addition_scratchpad",
+        task_kwargs={"incorrect_reward": -1.0},
+        settings=dict(learning_rate=3e-4, max_steps=200, per_device_train_batch_size=64),
+        arms={"grpo": Arm("grpo", beta=0.0),
+              "unfiltered": Arm("grpo", beta=0.0, num_generations=16, loss_type="dapo"),
+              "gfpo_length": Arm("gfpo", num_generations=16, gfpo_k=8),
+              "gfpo_efficiency": Arm("gfpo", num_generations=16, gfpo_k=8, gfpo_metric="token_efficiency"),
+              "gfpo_adaptive": Arm("gfpo", num_generations=16, gfpo_k=None, gfpo_adaptive=True)},
+        metric="mean_length_correct", failure="up", num_prompts=1024, num_samples=8, eval_every=50,
+    ),
     # DAPO's clip-higher: many valid answers per prompt, several updates per rollout so the clip binds; under the
     # symmetric clip the policy narrows onto few answers (entropy collapse).
     "entropy_collapse": Organism(

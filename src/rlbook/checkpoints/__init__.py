@@ -84,6 +84,14 @@ RECIPES: dict[str, Recipe] = {
         task_kwargs={"num_digits": 2, "operations": "+"},
         sft=SFTConfig(max_steps=3000, batch_size=128, eval_every=25, stop_at_accuracy=0.45, max_new_tokens=8, seed=0),
     ),
+    # Sums of 2-4-digit numbers, half the demonstrations with a least-significant-first scratchpad: the policy
+    # chooses the length of its answers, and the scratchpad makes the longer sums right more often (GFPO's
+    # organism, where RL has a reason to lengthen the right answers).
+    "addition_scratchpad": Recipe(
+        task="addition_scratchpad",
+        task_kwargs={"min_digits": 2, "max_digits": 4, "scratchpad_rate": 0.5},
+        sft=SFTConfig(max_steps=3000, batch_size=128, eval_every=25, stop_at_accuracy=0.4, max_new_tokens=18, seed=0),
+    ),
     # The same task trained on until it is nearly solved: most groups of G samples are all right, so they carry no
     # gradient (the zero_gradient organism, DAPO's dynamic sampling).
     "arithmetic_solved": Recipe(

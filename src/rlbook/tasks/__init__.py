@@ -16,6 +16,7 @@ Garbage never raises; a completion that is not a ``str`` (e.g. ``None``) raises 
 Tasks (see :data:`TASKS` and :func:`get_task`):
 
 - ``"arithmetic"``, :class:`Arithmetic`: ``"23+58="`` -> ``"81"``;
+- ``"addition_scratchpad"``, :class:`ScratchpadAddition`: ``"472+385="`` -> ``"857"`` or ``"7,5,8|857"``;
 - ``"sort_digits"``, :class:`SortDigits`: ``"sort:3142="`` -> ``"1234"`` (scratchpad ``"3,13,134,1234|1234"``);
 - ``"reverse_digits"``, :class:`ReverseDigits`: ``"rev:3142="`` -> ``"2413"`` (scratchpad ``"3,13,413,2413|2413"``);
 - ``"constraint_string"``, :class:`ConstraintString`: ``"len=7 x=3:"`` -> any 7 letters with exactly three ``x``;
@@ -26,7 +27,7 @@ Also: :func:`build_preference_pairs` (DPO pairs), :func:`evaluate` and :func:`pa
 pass@k, lengths), :func:`soft_overlong_penalty` (DAPO's length shaping).
 """
 
-from rlbook.tasks.arithmetic import Arithmetic
+from rlbook.tasks.arithmetic import Arithmetic, ScratchpadAddition
 from rlbook.tasks.base import Example, Task, uses_only_alphabet
 from rlbook.tasks.chain import LaggedSum
 from rlbook.tasks.constraints import ConstraintString, check_constraints, parse_constraint_prompt
@@ -38,6 +39,7 @@ from rlbook.tasks.shaping import soft_overlong_penalty
 
 __all__ = [
     "Arithmetic",
+    "ScratchpadAddition",
     "ConstraintString",
     "DigitTransformTask",
     "EvaluationResult",

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlbook.tasks.base import DEFAULT_MAX_COMPLETION_LENGTH, Example, Task, check_int
+from rlbook.tasks.base import DEFAULT_MAX_COMPLETION_LENGTH, Example, Task, check_int, check_range
+from rlbook.tasks.digits import ANSWER_MARKER, STEP_SEPARATOR, final_answer
 
 OPERATIONS = "+-*"
 
@@ -117,3 +118,85 @@ class Arithmetic(Task):
             candidates = {value for value in candidates if value >= 0}
         candidates = sorted(candidates)
         return str(candidates[int(rng.integers(0, len(candidates)))])
+
+
+class ScratchpadAddition(Task):
+    """The sum of two numbers of ``min_digits`` to ``max_digits`` digits each, written at once or after a
+    scratchpad: ``"472+385="`` -> ``"857"``, or ``"7,5,8|857"``, the sum's digits first from the least
+    significant one (the order in which a carry is worked out), then ``"|"`` and the sum.
+
+    As with a chain of thought, only the final answer is verified: a completion is right when it is the sum, or
+    when the text after its last ``"|"`` is the sum, whatever comes before. The demonstration is one form or the
+    other, the scratchpad with probability ``scratchpad_rate`` (drawn with the problem): a model fine-tuned on them
+    chooses the length of its answers, which is what GFPO filters (the scratchpad makes a sum of three or more
+    digits right more often for the small models of this book, so RL has a reason to lengthen the right answers).
+
+    Args:
+        min_digits, max_digits: each operand has this many digits (drawn uniformly per problem; 1-digit operands
+            include 0).
+        scratchpad_rate: the share of demonstrations that use the scratchpad, in [0, 1].
+        correct_reward, incorrect_reward, max_completion_length, length_bonus: see
+            :class:`rlbook.tasks.base.Task`.
+    """
+
+    name = "addition_scratchpad"
+
+    def __init__(self, min_digits: int = 2, max_digits: int = 4, scratchpad_rate: float = 0.5,
+                 correct_reward: float = 1.0, incorrect_reward: float = 0.0,
+                 max_completion_length: int = DEFAULT_MAX_COMPLETION_LENGTH, length_bonus: float = 0.0):
+        self.min_digits = check_int(min_digits, "min_digits", minimum=1)
+        self.max_digits = check_int(max_digits, "max_digits", minimum=1)
+        check_range(self.min_digits, self.max_digits, "min_digits", "max_digits")
+        if not (isinstance(scratchpad_rate, (int, float)) and 0.0 <= scratchpad_rate <= 1.0):
+            raise ValueError(f"scratchpad_rate must be a number in [0, 1], got {scratchpad_rate!r}")
+        self.scratchpad_rate = float(scratchpad_rate)
+        super().__init__(correct_reward, incorrect_reward, max_completion_length, length_bonus)
+
+    @property
+    def max_prompt_length(self) -> int:
+        return 2 * self.max_digits + 2
+
+    @property
+    def max_demonstration_length(self) -> int:
+        """With the scratchpad: a sum of ``max_digits + 1`` digits, reversed with commas, ``"|"``, the sum."""
+        digits = self.max_digits + 1
+        return (2 * digits - 1) + 1 + digits
+
+    def config(self) -> dict:
+        return {"min_digits": self.min_digits, "max_digits": self.max_digits,
+                "scratchpad_rate": self.scratchpad_rate, **super().config()}
+
+    def sample_one(self, rng: np.random.Generator) -> Example:
+        """Draw the number of digits, two operands of that many, and whether the demonstration uses the
+        scratchpad."""
+        digits = int(rng.integers(self.min_digits, self.max_digits + 1))
+        low = 10 ** (digits - 1) if digits > 1 else 0
+        a, b = (int(value) for value in rng.integers(low, 10 ** digits, size=2))
+        scratchpad = bool(rng.random() < self.scratchpad_rate)
+        return Example(prompt=f"{a}+{b}=", answer=str(a + b),
+                       meta={"a": a, "b": b, "digits": digits, "scratchpad": scratchpad})
+
+    def split_key(self, example: Example) -> str:
+        """The prompt with the operands in ascending order (``"58+23="`` and ``"23+58="`` are one problem)."""
+        a, b = example.prompt[:-1].split("+")
+        return f"{min(a, b, key=int)}+{max(a, b, key=int)}="
+
+    @staticmethod
+    def worked(answer: str) -> str:
+        """The scratchpad form of ``answer``: ``"857"`` -> ``"7,5,8|857"``."""
+        return STEP_SEPARATOR.join(reversed(answer)) + ANSWER_MARKER + answer
+
+    def demonstration(self, example: Example) -> str:
+        return self.worked(example.answer) if example.meta["scratchpad"] else example.answer
+
+    def check_answer(self, example: Example, text: str) -> bool:
+        """The sum, alone or after the last ``"|"`` (surrounding spaces stripped)."""
+        answer = final_answer(text) if ANSWER_MARKER in text else text.strip(" ")
+        return answer == example.answer
+
+    def near_miss(self, example: Example, rng: np.random.Generator) -> str:
+        """A sum off by one or by ten (a dropped carry), in the demonstration's form."""
+        result = int(example.answer)
+        candidates = sorted(value for value in (result - 10, result - 1, result + 1, result + 10) if value >= 0)
+        wrong = str(candidates[int(rng.integers(0, len(candidates)))])
+        return self.worked(wrong) if example.meta["scratchpad"] else wrong

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlbook.tasks.arithmetic import Arithmetic
+from rlbook.tasks.arithmetic import Arithmetic, ScratchpadAddition
 from rlbook.tasks.base import Task
 from rlbook.tasks.chain import LaggedSum
 from rlbook.tasks.constraints import ConstraintString
@@ -14,6 +14,7 @@ TASKS = {
     ReverseDigits.name: ReverseDigits,
     ConstraintString.name: ConstraintString,
     LaggedSum.name: LaggedSum,
+    ScratchpadAddition.name: ScratchpadAddition,
 }
 
 
