@@ -33,6 +33,10 @@ PHENOMENA = [
          organism="length_inflation", fix="dr_grpo", metric="mean_length_wrong", direction="down"),
     dict(chapter="gfpo", phenomenon="wrong answers grow longer under GRPO",
          organism="length_inflation", fix="gfpo", metric="mean_length_wrong", direction="down"),
+    # GFPO's premise: right answers that GRPO lengthens (a scratchpad makes sums right more often); accuracy beside
+    dict(chapter="gfpo", phenomenon="right answers grow longer under GRPO where a scratchpad makes them right more "
+         "often", organism="length_growth", fix="gfpo_length", metric="mean_length_correct", direction="down",
+         beside=("expected_accuracy",)),
     dict(chapter="lambda_grpo", phenomenon="wrong answers grow longer under GRPO",
          organism="length_inflation", fix="lambda_grpo", metric="mean_length_wrong", direction="down"),
     dict(chapter="dapo", phenomenon="token entropy collapses under the symmetric clip",
