@@ -117,6 +117,10 @@ _DAPO_PARTS = dict(dynamic_sampling=False, mask_truncated_completions=False, ove
 _MISMATCH = dict(learning_rate=3e-4, max_steps=200, num_iterations=4, per_device_train_batch_size=64,
                  sampler_temperature=1.3, old_logprobs="sampler")
 _MATCHED = dict(sampler_temperature=None, old_logprobs="learner")
+# Many valid answers per prompt, four updates per rollout (entropy_collapse, entropy_methods), and the baseline's
+# clip there: DAPO's token-level loss with epsilon 0.2 on both sides, without its length and sampling parts.
+_MANY_ANSWERS = dict(learning_rate=3e-4, max_steps=300, num_iterations=4, per_device_train_batch_size=64)
+_SYMMETRIC = dict(epsilon_high=0.2, **_DAPO_PARTS)
 
 
 def _corrected(mode: str, **clip) -> Arm:
@@ -176,8 +180,8 @@ ORGANISMS: dict[str, Organism] = {
                     "updates per rollout: under the symmetric clip the entropy collapses",
         policy="constraint_string",
         task_kwargs={"incorrect_reward": -1.0},
-        settings=dict(learning_rate=3e-4, max_steps=300, num_iterations=4, per_device_train_batch_size=64),
-        arms={"symmetric_clip": Arm("dapo", epsilon_high=0.2, **_DAPO_PARTS),
+        settings=dict(_MANY_ANSWERS),
+        arms={"symmetric_clip": Arm("dapo", **_SYMMETRIC),
               "clip_higher": Arm("dapo", epsilon_high=0.28, **_DAPO_PARTS),
               "grpo": Arm("grpo", beta=0.0), "gmpo": Arm("gmpo")},
         metric="entropy", failure="down", num_prompts=1024, num_samples=16, eval_every=100,
@@ -194,13 +198,13 @@ ORGANISMS: dict[str, Organism] = {
                     "entropy methods and CISPO against the symmetric clip, under which the entropy collapses",
         policy="constraint_string",
         task_kwargs={"incorrect_reward": -1.0},
-        settings=dict(learning_rate=3e-4, max_steps=300, num_iterations=4, per_device_train_batch_size=64),
-        arms={"symmetric_clip": Arm("dapo", epsilon_high=0.2, **_DAPO_PARTS),
-              "high_entropy": Arm("dapo", epsilon_high=0.2, top_entropy_quantile=0.2, **_DAPO_PARTS),
-              "adaptive_entropy": Arm("dapo", epsilon_high=0.2, use_adaptive_entropy=True, entropy_coef=0.0,
-                                      entropy_target=1.25, **_DAPO_PARTS),
-              "clip_cov": Arm("dapo", epsilon_high=0.2, covariance_method="clip_cov", **_DAPO_PARTS),
-              "kl_cov": Arm("dapo", epsilon_high=0.2, covariance_method="kl_cov", **_DAPO_PARTS),
+        settings=dict(_MANY_ANSWERS),
+        arms={"symmetric_clip": Arm("dapo", **_SYMMETRIC),
+              "high_entropy": Arm("dapo", top_entropy_quantile=0.2, **_SYMMETRIC),
+              "adaptive_entropy": Arm("dapo", use_adaptive_entropy=True, entropy_coef=0.0, entropy_target=1.25,
+                                      **_SYMMETRIC),
+              "clip_cov": Arm("dapo", covariance_method="clip_cov", **_SYMMETRIC),
+              "kl_cov": Arm("dapo", covariance_method="kl_cov", **_SYMMETRIC),
               "cispo": Arm("dapo", loss_type="cispo", epsilon_high=5.0, **_DAPO_PARTS)},
         metric="entropy", failure="down", num_prompts=1024, num_samples=16, eval_every=100,
     ),
