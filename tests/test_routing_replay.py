@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlbook.lm import build_model, build_tokenizer
-from rlbook.lm.moe import expert_choices, replay_routes, routers, routing_changed
+from rlbook.lm.moe import completion_routing_changed, expert_choices, replay_routes, routers, routing_changed
 from rlbook.rollout import generate_rollouts, sequence_logprobs
 from rlbook.tasks import get_task
 from rlbook.trainer import Trainer, preset
@@ -64,7 +64,7 @@ def test_replay_uses_the_recorded_experts_after_the_router_moved(rollout):
             gate.weight.add_(torch.randn(gate.weight.shape, generator=torch.Generator().manual_seed(1)) * 0.5)
     moved = expert_choices(model, input_ids, attention_mask)
     completion = mask.bool()
-    changed = routing_changed(routes, moved)[:, -mask.shape[1]:] & completion
+    changed = completion_routing_changed(routes, moved, mask.shape[1]) & completion
     assert changed.any(), "the perturbation must re-route some completion tokens"
     with torch.no_grad():
         plain = sequence_logprobs(model, input_ids, attention_mask, mask)
@@ -74,6 +74,33 @@ def test_replay_uses_the_recorded_experts_after_the_router_moved(rollout):
     assert torch.equal(used, routes)  # the recorded experts, not the router's new top-k
     assert torch.equal(experts_used(model, input_ids, attention_mask, mask), moved)  # outside: its own again
     assert (replayed - plain)[changed].abs().max() > 1e-4
+
+
+def test_a_completion_token_moves_with_the_routing_of_the_position_that_predicts_it(rollout):
+    """Re-route one position: the log-probs of the tokens before the token it predicts do not move, that token's
+    does, and completion_routing_changed flags that token (not the re-routed position's own token)."""
+    input_ids, attention_mask, mask = rollout
+    model = moe()
+    routes = expert_choices(model, input_ids, attention_mask)
+    B, L = input_ids.shape
+    T = mask.shape[1]
+    row, t = 0, 2  # completion token t of row 0 is predicted by position L - T + t - 1
+    moved = routes.clone()
+    moved[0, row, L - T + t - 1] = (routes[0, row, L - T + t - 1] + 1) % 8  # other experts in the first layer
+    moved[0, row, L - T + t - 1] = moved[0, row, L - T + t - 1].sort().values
+    assert not torch.equal(moved[0, row, L - T + t - 1], routes[0, row, L - T + t - 1])
+    with torch.no_grad():
+        plain = sequence_logprobs(model, input_ids, attention_mask, mask)
+        with replay_routes(model, moved):
+            rerouted = sequence_logprobs(model, input_ids, attention_mask, mask)
+    flagged = completion_routing_changed(routes, moved, T)
+    assert flagged.nonzero().tolist() == [[row, t]]
+    delta = (rerouted - plain).abs()
+    assert delta[row, :t].max() == 0, "tokens before it cannot see the re-routed position"
+    assert delta[row, t] > 1e-4, "the token it predicts moves"
+    assert delta[1:].max() == 0, "other rows are untouched"
+    with pytest.raises(ValueError, match="completion_length"):
+        completion_routing_changed(routes, moved, L)
 
 
 def test_gradients_reach_the_router_through_the_replayed_weights(rollout):

@@ -153,7 +153,8 @@ class ValuePretrainingHistory(TrainerCallback):
 class ExpertRoutingChanges(TrainerCallback):
     """For a mixture-of-experts policy: the share of completion tokens whose experts changed during the step's
     updates, and the mean |log-ratio| after the update of the tokens whose routing changed and of the others (the
-    GSPO chapter's measurement). Nothing for a dense policy."""
+    GSPO chapter's measurement). A token counts as re-routed when the position that predicts it (the one before
+    it, :func:`rlbook.lm.moe.completion_routing_changed`) changed experts. Nothing for a dense policy."""
 
     metrics = {k: "see rlbook.metrics.METRICS" for k in (
         "moe/route_changed", "moe/abs_log_ratio_route_changed", "moe/abs_log_ratio_route_same")}
@@ -169,13 +170,13 @@ class ExpertRoutingChanges(TrainerCallback):
             self.before = expert_choices(trainer.policy, scored.input_ids, scored.attention_mask)
 
     def on_update_end(self, trainer, scored):
-        from rlbook.lm.moe import expert_choices, routing_changed
+        from rlbook.lm.moe import completion_routing_changed, expert_choices
 
         if self.before is None:
             return None
         mask = scored.mask
         after = expert_choices(trainer.policy, scored.input_ids, scored.attention_mask)
-        changed = routing_changed(self.before, after)[:, -mask.shape[1]:]
+        changed = completion_routing_changed(self.before, after, mask.shape[1])  # at the predicting position
         log_ratio = post_update_log_ratio(trainer, scored)
         completion = mask.bool()
         out = {"moe/route_changed": masked_mean(changed.float(), mask).item()}

@@ -105,7 +105,8 @@ METRICS: dict[str, str] = {
     "post_update/max_abs_log_ratio_sequence": "largest |mean token log-ratio| of a completion after the update (the "
                                               "log of its geometric-mean ratio)",
     # --- rlbook.callbacks.ExpertRoutingChanges (mixture-of-experts policies)
-    "moe/route_changed": "share of completion tokens whose set of experts changed in some layer during the update",
+    "moe/route_changed": "share of completion tokens whose set of experts changed in some layer during the update, "
+                         "at the position that predicts the token",
     "moe/abs_log_ratio_route_changed": "mean |token log-ratio| after the update of the tokens whose routing changed",
     "moe/abs_log_ratio_route_same": "mean |token log-ratio| after the update of the tokens whose routing did not",
 }

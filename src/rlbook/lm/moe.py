@@ -102,6 +102,19 @@ def routing_changed(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return (old != new).any(-1).any(0)
 
 
+def completion_routing_changed(old: torch.Tensor, new: torch.Tensor, completion_length: int) -> torch.Tensor:
+    """(B, T) bool for ``T = completion_length`` completion tokens: True where the experts changed, in any layer,
+    at the position whose output predicts that token. A token's log-prob is read off the hidden state of the
+    position *before* it, so the routing that moves log pi(o_t) is that of position t - 1 (the last prompt token
+    for o_1); a token's own routing acts only on the tokens after it.
+
+    ``old`` and ``new`` are (layers, B, L, k) from :func:`expert_choices` over prompt and completion (L > T)."""
+    if not 0 < completion_length < old.shape[2]:
+        raise ValueError(f"completion_length must lie in [1, L - 1] for L = {old.shape[2]} positions, got "
+                         f"{completion_length}")
+    return routing_changed(old, new)[:, -completion_length - 1:-1]
+
+
 def routed_scores(logits: torch.Tensor, indices: torch.Tensor, normalize: bool = True) -> torch.Tensor:
     """The router's mixing weights of the experts ``indices`` (N, k), from its ``logits`` (N, E): the softmax
     probabilities gathered at those experts, renormalised to sum to 1 when ``normalize`` (the router's
