@@ -28,7 +28,7 @@ RESULTS = Path(__file__).parent / "results"
 LOGGED = ("accuracy", "entropy", "completions/mean_length", "completions/clipped_ratio", "clip_ratio/region_mean",
           "frac_reward_zero_std", "num_completions", "dynamic_sampling/groups", "clip_ratio/low_mean",
           "clip_ratio/high_mean", "ratio/min", "ratio/max", "moe/route_changed", "approx_kl", "reward",
-          "explained_variance", "loss/value")
+          "explained_variance", "loss/value", "moe/abs_log_ratio_route_changed", "moe/abs_log_ratio_route_same")
 
 
 def results_path(name: str) -> Path:

@@ -117,6 +117,11 @@ _DAPO_PARTS = dict(dynamic_sampling=False, mask_truncated_completions=False, ove
 _MISMATCH = dict(learning_rate=3e-4, max_steps=200, num_iterations=4, per_device_train_batch_size=64,
                  sampler_temperature=1.3, old_logprobs="sampler")
 _MATCHED = dict(sampler_temperature=None, old_logprobs="learner")
+# The mixture-of-experts organisms' arms: GRPO with the GSPO paper's clip for it and no KL, GSPO, and the same GRPO
+# whose ratio's pi_theta is computed on the experts pi_old chose (Routing Replay)
+_GRPO_MOE = dict(beta=0.0, epsilon=0.2, epsilon_high=0.27)
+_ROUTING_ARMS = {"grpo": Arm("grpo", **_GRPO_MOE), "gspo": Arm("gspo"),
+                 "grpo_routing_replay": Arm("grpo", **_GRPO_MOE, routing_replay=True)}
 # Many valid answers per prompt, four updates per rollout (entropy_collapse, entropy_methods), and the baseline's
 # clip there: DAPO's token-level loss with epsilon 0.2 on both sides, without its length and sampling parts.
 _MANY_ANSWERS = dict(learning_rate=3e-4, max_steps=300, num_iterations=4, per_device_train_batch_size=64)
@@ -290,9 +295,28 @@ ORGANISMS: dict[str, Organism] = {
         task_kwargs={"incorrect_reward": -1.0},
         settings=dict(learning_rate=3e-4, router_learning_rate=3e-3, max_steps=200, per_device_train_batch_size=32,
                       steps_per_generation=4, num_iterations=2),
-        arms={"grpo": Arm("grpo", beta=0.0, epsilon=0.2, epsilon_high=0.27), "gspo": Arm("gspo"),
-              "grpo_routing_replay": Arm("grpo", beta=0.0, epsilon=0.2, epsilon_high=0.27, routing_replay=True)},
+        arms=dict(_ROUTING_ARMS),
         metric="expected_accuracy", failure="down", num_prompts=1024, num_samples=8, eval_every=50,
+    ),
+    # GSPO's premise where it holds: a mixture of experts whose routing decides much of a token's probability. The
+    # shipped sort_scratchpad_moe_top1 policy (8 experts a layer, one per token, weighted by the router's probability)
+    # is the same task as routing_drift's; in a design probe, sending a position to its next-best expert moved the
+    # probability of the token it predicts about 200 times as much as the other tokens' (30 times on routing_drift's
+    # top-2 policy), and two of the eight experts carry most of the accuracy (ablating either loses about half of
+    # it). Learning rate 1e-4 with the routers ten times faster, eight updates per rollout: at routing_drift's 3e-4
+    # every arm, Routing Replay and GSPO included, fell alike in a probe (the step size, not the routing); at 1e-4
+    # GRPO's largest token ratios reached the hundreds where Routing Replay's stayed in the tens (experiments/PLANS.md).
+    "routing_jumps": Organism(
+        name="routing_jumps",
+        description="sort 3-6 digits with a scratchpad on a one-expert-per-token mixture of experts whose routers "
+                    "learn ten times faster, ±1 rewards, eight updates per rollout: a re-routed token's probability "
+                    "jumps, and so does GRPO's token ratio",
+        policy="sort_scratchpad_moe_top1",
+        task_kwargs={"incorrect_reward": -1.0},
+        settings=dict(learning_rate=1e-4, router_learning_rate=1e-3, max_steps=200, per_device_train_batch_size=32,
+                      steps_per_generation=4, num_iterations=2),
+        arms=dict(_ROUTING_ARMS),
+        metric="expected_accuracy", failure="down", num_prompts=512, num_samples=4, eval_every=50,
     ),
     # --- Parts III and V (issue 20) ---
     # The policy-gradient chapter's baselines: REINFORCE's weights are the rewards themselves, so shifting every

@@ -116,6 +116,20 @@ RECIPES: dict[str, Recipe] = {
         sft=SFTConfig(max_steps=3000, eval_every=25, stop_at_accuracy=0.35, max_new_tokens=40, seed=0),
         accuracy_band=(0.25, 0.6),
     ),
+    # The same task on a mixture of experts whose experts matter more to each token: 8 experts a layer, each as
+    # wide as the dense MLP, one per token, weighted by the router's probability (not renormalised to 1). Sending a
+    # position to its next-best expert moves the probability of the token it predicts about 200 times as much as
+    # the other tokens' (a design probe, experiments/PLANS.md; about 30 times on sort_scratchpad_moe): the
+    # routing_jumps organism, where re-routing makes GRPO's token ratios jump.
+    "sort_scratchpad_moe_top1": Recipe(
+        task="sort_digits",
+        task_kwargs={"min_length": 3, "max_length": 6, "scratchpad": True},
+        arch="qwen3_moe",
+        model_kwargs={"num_experts": 8, "num_experts_per_tok": 1, "moe_intermediate_size": 192,
+                      "norm_topk_prob": False},
+        sft=SFTConfig(max_steps=3000, eval_every=25, stop_at_accuracy=0.4, max_new_tokens=40, seed=0),
+        accuracy_band=(0.3, 0.7),
+    ),
     # The long-horizon organism's policy (PPO's lambda, VAPO): 12-24 dependent steps, 71-143 tokens. The chain is
     # learned abruptly (a first build, measured every 25 steps: 0.14 at SFT step 250, 0.42 at 275, 0.63 at 300), so
     # accuracy is measured every 10 steps to stop inside the band.
