@@ -51,6 +51,10 @@ PHENOMENA = [
          organism="outlier_ratios", fix="gmpo", control="grpo_wide"),
     dict(chapter="gspo", phenomenon="GRPO's accuracy falls when an MoE's routing moves under it",
          organism="routing_drift", fix="gspo"),
+    # the same question where re-routing moves a token's probability (one expert per token, weighted by the router);
+    # Routing Replay, the GSPO paper's baseline for GRPO, beside the fix
+    dict(chapter="gspo", phenomenon="GRPO's accuracy falls when re-routing moves a token's probability (one expert "
+         "per token)", organism="routing_jumps", fix="gspo", control="grpo_routing_replay"),
     # the failure is a level (most groups without reward spread); the fix is judged on accuracy per completion
     # sampled, since dynamic sampling draws more completions per step
     dict(chapter="dapo", phenomenon="most groups are all right and carry no gradient",
