@@ -110,6 +110,33 @@ def test_stored_results_match_the_script():
     assert memory == {(o, a) for o in script.SETTINGS for a in script.ALGORITHMS}
 
 
+def test_stored_fair_comparison_follows_its_plans():
+    """The two phases' stored files, as issue 44 asks: every algorithm tuned at >= 4 learning rates (and one update
+    per rollout where its recipe makes several) on >= 3 seeds, the confirmation of exactly the selected settings on
+    >= 10 seeds disjoint from the tuning's, from the stored tuning file, with a memory pass; and the verdicts file is
+    the code's, with no "contradicted" whose adjusted interval holds its null."""
+    script = load_script("head_to_head")
+    tuning, fair = load_stored("head_to_head_tuning"), load_stored("head_to_head")
+    assert len(script.LEARNING_RATES) >= 4 and len(tuning["seeds"]) >= 3
+    assert set(tuning["arms"]) == set(script.tuning_arms())
+    assert len(fair["seeds"]) >= 10 and not set(fair["seeds"]) & set(tuning["seeds"])
+    assert fair["selected"] == script.select(tuning)
+    assert fair["tuning"]["sha256"] == hashlib.sha256((EXPERIMENTS / "results" / "head_to_head_tuning.json")
+                                                      .read_bytes()).hexdigest()
+    for name, arm in fair["arms"].items():
+        assert {k: arm[k] for k in ("learning_rate", "one_update")} == \
+            {k: fair["selected"][name][k] for k in ("learning_rate", "one_update")}, name
+        assert [r["seed"] for r in fair["runs"][name]] == fair["seeds"], name
+    assert set(fair["arms"]) == {f"{o}/{a}" for o in script.SETTINGS for a in script.FAIR_ALGORITHMS}
+    memory = {row["algorithm"]: row["peak_added_mib"] for row in fair["memory"]["rows"]
+              if row["organism"] == script.LI}
+    stored = load_stored("head_to_head_verdicts")
+    assert stored == json.loads(json.dumps(script.verdicts(fair, memory))), "the verdicts file is the code's"
+    for entry in stored:
+        if entry["verdict"] == "contradicted" and entry["row"] not in ("grpo_gmpo",) and "accuracy" not in entry:
+            assert not entry["adjusted"][0] <= entry["null"] <= entry["adjusted"][1], entry
+
+
 # --- the fair comparison: tuning on validation prompts, selection by the plan's rule, confirmation on fresh seeds
 
 

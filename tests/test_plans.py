@@ -181,12 +181,14 @@ def test_arms_added_later_under_the_plan_verify_and_a_pilot_cannot_be_merged_in(
 def test_check_plans_script_lines_and_exit_code(repo, capsys):
     demo_run(repo)
     (repo / "experiments" / "results" / "pilot.json").write_text(json.dumps({"provenance": {}}))
+    (repo / "experiments" / "results" / "derived.json").write_text(json.dumps([{"verdict": "supported"}]))
     table = {"entries": [{"results": "experiments/results/demo.json"}]}
     (repo / "experiments" / "results" / "phenomena.json").write_text(json.dumps(table))
     commit_all(repo, "results")
     assert check_plans.main(["--root", str(repo)]) == 0
     out = capsys.readouterr().out
     assert "verified        experiments/results/demo.json" in out and "no plan         experiments/results/pilot.json" in out
+    assert "no plan         experiments/results/derived.json: not a run's record" in out  # a list made from a run
     table["entries"].append({"results": "experiments/results/pilot.json"})  # presented as confirmatory: fails
     (repo / "experiments" / "results" / "phenomena.json").write_text(json.dumps(table))
     assert check_plans.main(["--root", str(repo)]) == 1

@@ -247,6 +247,8 @@ def verify(results_path: str | Path, root: Path | None = None) -> Verdict:
         return Verdict(str(results_path), "not verifiable", "not inside a git repository")
     name = results_path.relative_to(root).as_posix() if results_path.is_relative_to(root) else str(results_path)
     results = json.loads(results_path.read_text())
+    if not isinstance(results, dict):  # e.g. the head-to-head's verdicts, a list computed from a verified run
+        return Verdict(name, "no plan", "not a run's record (derived by code from one)")
     provenance = results.get("provenance") or {}
     if not provenance.get("plan"):
         return Verdict(name, "no plan", "no plan record: a pilot or an exploratory run")
