@@ -311,9 +311,10 @@ def validation_score(record: dict) -> float:
 
 
 def select(tuning: dict) -> dict[str, dict]:
-    """The setting each organism's algorithm is confirmed at, by the plan's rule: the highest mean over the tuning
-    seeds of :func:`validation_score`; scores equal to :data:`SELECTION_DIGITS` decimals are a tie, won by the
-    smaller learning rate, then by one update. A setting with a diverged seed is not eligible.
+    """The setting each organism's algorithm is confirmed at, by the plan's rule: the highest
+    mean over the tuning seeds of :func:`validation_score`; scores equal to
+    :data:`SELECTION_DIGITS` decimals are a tie, won by the smaller learning rate, then by one
+    update. A setting with a diverged seed is not eligible.
     ``{"short/grpo": {"learning_rate", "one_update", "score"}}``."""
     scores: dict[str, list] = {}
     for name, arm in tuning["arms"].items():
@@ -326,10 +327,11 @@ def select(tuning: dict) -> dict[str, dict]:
         if not candidates:
             raise ValueError(f"{key}: every setting diverged in a tuning seed; nothing to confirm")
         best = max(round(score, SELECTION_DIGITS) for score, _ in candidates)
-        tied = [(arm["learning_rate"], not arm["one_update"], score, arm) for score, arm in candidates
-                if round(score, SELECTION_DIGITS) == best]
+        tied = [(arm["learning_rate"], not arm["one_update"], score, arm)
+                for score, arm in candidates if round(score, SELECTION_DIGITS) == best]
         lr, _, score, arm = min(tied, key=lambda t: t[:2])
-        chosen[key] = {"learning_rate": lr, "one_update": arm["one_update"], "score": round(score, 6)}
+        chosen[key] = {"learning_rate": lr, "one_update": arm["one_update"],
+                       "score": round(score, 6)}
     return chosen
 
 
