@@ -535,6 +535,29 @@ def verdicts(result: dict, memory: dict | None = None) -> list[dict]:
     return out
 
 
+def verdict_memory(result: dict) -> dict[str, float]:
+    """``{algorithm: peak MiB added}`` on length inflation, from the confirmation's memory pass: what
+    :func:`verdicts` reads for the memory promise (row 4)."""
+    if "memory" not in result:
+        raise ValueError("the memory pass is missing: run head_to_head.py --phase confirmation --memory first")
+    return {row["algorithm"]: row["peak_added_mib"] for row in result["memory"]["rows"] if row["organism"] == LI}
+
+
+def verdict_agrees(entry: dict) -> bool:
+    """Whether a verdict agrees with its numbers: "supported" or "contradicted" only on a resolved difference
+    (the adjusted interval excludes its null), or, for "contradicted", on the rule's other grounds (accuracy
+    below -MARGIN for a length promise, more memory than PPO for the memory promise)."""
+    if entry["verdict"] not in ("supported", "contradicted") or entry["adjusted"] is None:
+        return True
+    low, high = entry["adjusted"]
+    resolved = not low <= entry["null"] <= high
+    if entry["verdict"] == "contradicted" and "accuracy" in entry and "accuracy" not in entry["metric"]:
+        resolved = resolved or entry["accuracy"][2] < -MARGIN  # longer, or accuracy below the margin
+    if entry["verdict"] == "contradicted" and "memory_ratio" in entry:
+        resolved = resolved or entry["memory_ratio"] > 1  # more memory than PPO
+    return resolved
+
+
 def _length_rows(held: dict, row: str, arms, compared_with: str, metric: str) -> list[dict]:
     """A length promise's rows: not testable where ``compared_with``'s length did not grow (its condition),
     else supported (shorter, accuracy above -MARGIN), contradicted (longer, or below -MARGIN) or not supported."""
@@ -682,9 +705,7 @@ def main():
                  "plan": str(args.plan) if args.plan else None}
     if args.phase == "verdicts":
         stored = json.loads(RESULTS.read_text())
-        memory = {row["algorithm"]: row["peak_added_mib"] for row in stored["memory"]["rows"]
-                  if row["organism"] == LI}
-        rows = verdicts(stored, memory)
+        rows = verdicts(stored, verdict_memory(stored))
         (args.out or VERDICTS_RESULTS).write_text(json.dumps(rows, indent=1) + "\n")
         for row in rows:
             print(f"{row['row']:<10} {row['arm']:<12} {row['verdict']:<18} {row['adjusted']}")
