@@ -17,9 +17,10 @@ pass over the processes ("ranks"). This module holds only what the book's algori
   GFPO's filter then equal the single-process numbers; each rank keeps its own rows of the result
   (:func:`rows_of_rank`). Minibatches are drawn from one permutation of the *global* rows; each
   rank computes the rows of a minibatch that it holds.
-- **Every denominator is global.** A loss is a sum over rows or tokens divided by a count (rows for
-  ``loss_type="grpo"``, ``"dr_grpo"`` and ``"gmpo"``, tokens for ``"bnpo"``, the optimizer step's
-  tokens for ``"dapo"``; the NLL and value losses likewise). A rank divides its own sum by the
+- **Every denominator is global.** A loss is a sum over rows or tokens divided by a count: what its
+  aggregation declares it divides by (``Aggregation.divides_by`` in :mod:`rlbook.losses`: the
+  completions, the micro-batch's tokens, or the optimizer step's tokens; the NLL and value losses
+  likewise). A rank divides its own sum by the
   all-reduced count (:func:`global_counts`) and multiplies by the world size, which DDP's average
   divides out again (:func:`global_share`), so one update equals the single-process update on the
   whole batch. A parameter outside DDP's module (λ-GRPO's λ) has its gradient averaged by hand
@@ -143,6 +144,17 @@ def global_share(local, total, world: World):
     if not world.distributed:
         return 1.0
     return world.size * local / total if total > 0 else 0.0
+
+
+def loss_share(divides_by: str, rows: int, tokens, counts: torch.Tensor, world: World):
+    """:func:`global_share` for a policy loss whose aggregation divides by ``divides_by``
+    (:class:`rlbook.losses.Aggregation`): ``"completions"`` (this rank's ``rows`` against all ranks'),
+    ``"tokens"`` (its loss ``tokens`` against all ranks'), or ``"step_tokens"``, already the whole
+    step's count on every rank, which DDP's average would divide by the world size."""
+    if divides_by == "step_tokens":
+        return world.size
+    local, column = (rows, 0) if divides_by == "completions" else (tokens, 1)
+    return global_share(local, counts[column], world)
 
 
 def global_counts(scored, micro_batches: list[torch.Tensor], world: World) -> torch.Tensor:

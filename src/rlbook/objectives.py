@@ -5,14 +5,15 @@ completion's real tokens (EOS included) and 0 on right padding; a row is one epi
 tensors in, tensors out. The trainer composes them; the chapters derive them, and each docstring names the
 chapter's equation label (``eq-grpo-advantage`` is the GRPO chapter's advantage equation).
 
-The policy loss comes in named pieces, in the order they are applied: :func:`log_ratio` (token or sequence
-level), a surrogate (:func:`clipped_surrogate`, with TRL's two-sided ``delta``; :func:`gmpo_surrogate`;
-:func:`cispo_surrogate`; :func:`sapo_surrogate`), the per-token weights that correct for the sampler
-(:func:`sampler_importance_weights`, :func:`off_policy_sequence_mask`), the entropy methods' choice of tokens
-(:func:`high_entropy_mask`; :func:`clip_cov_mask` and :func:`kl_cov_mask` on :func:`token_covariance`), and the
-aggregation (:func:`completion_token_mean`, :func:`token_mean`, :func:`constant_normaliser`,
-:func:`global_token_mean`, chosen by :func:`aggregate_loss`); :func:`policy_loss` composes them. The entropy bonus
-(:func:`entropy_bonus_loss`, with :func:`adaptive_entropy_coef`) is added beside it.
+The policy loss's pure pieces, in the order they are applied: :func:`log_ratio` (token or sequence level), a
+surrogate (:func:`clipped_surrogate`, with TRL's two-sided ``delta``; :func:`gmpo_surrogate`;
+:func:`cispo_surrogate`; :func:`sapo_surrogate`; :func:`vespo_weights`), the per-token weights that correct for the
+sampler (:func:`sampler_importance_weights`, :func:`off_policy_sequence_mask`), the entropy methods' choice of
+tokens (:func:`high_entropy_mask`; :func:`clip_cov_mask` and :func:`kl_cov_mask` on :func:`token_covariance`), and
+the aggregations (:func:`completion_token_mean`, :func:`token_mean`, :func:`constant_normaliser`,
+:func:`global_token_mean`). :mod:`rlbook.losses` registers and composes them (its ``LOSS_TYPES`` says which
+``loss_type`` is which surrogate and aggregation). The entropy bonus (:func:`entropy_bonus_loss`, with
+:func:`adaptive_entropy_coef`) is added beside it.
 
 Names follow TRL where TRL has the concept (``epsilon``, ``epsilon_high``, ``beta``, ``loss_type``,
 ``max_completion_length``, ``num_items_in_batch``, ``cliprange_value``), and each docstring says which denominator
@@ -28,8 +29,6 @@ import torch
 
 from rlbook.nonfinite import require_finite
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "gmpo", "cispo", "sapo")
-CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")  # PPO-Clip's surrogate (clipped_surrogate), four aggregations
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
 # TRL's vllm_importance_sampling_mode: the sampler-mismatch correction's level (token or sequence) and what it does
 # to a weight outside [clip_min, clip_max] (truncate: clamp it; mask: 0)
@@ -496,10 +495,8 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, epsilon: fl
     ratio has run far above 1 grows without bound (the clip never acts there), and δ stops it at
     |A|δ, with no gradient beyond (verl's and Ye et al.'s dual clip, c = δ). ``low`` and ``high``
     are unchanged by δ."""
-    if delta is not None and not (math.isfinite(delta) and delta > 1 + epsilon_high):
-        raise ValueError(f"delta must be a finite number above 1 + epsilon_high = "
-                         f"{1 + epsilon_high} (it caps the ratio of negative-advantage tokens "
-                         f"above the clip range), got {delta}")
+    if delta is not None:
+        check_delta(delta, epsilon_high)
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
     unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
     loss = -torch.minimum(unclipped * advantages, clipped * advantages)
@@ -550,7 +547,7 @@ def cispo_surrogate(
     log-likelihood, not PPO's surrogate; only its gradient means something.
 
     MiniMax-M1 writes the range [1 − ε_low^IS, 1 + ε_high^IS] and sets ε_low^IS large (no lower
-    bound). TRL's ``loss_type="cispo"`` (:func:`policy_loss`) caps the weight at ``epsilon_high``
+    bound). TRL's ``loss_type="cispo"`` (:func:`rlbook.losses.cispo`) caps the weight at ``epsilon_high``
     itself, not 1 + ``epsilon_high`` (ScaleRL's ε_max, 5.0 there), with no lower bound:
     ``max_weight=epsilon_high``, ``min_weight=None``.
 
@@ -587,16 +584,41 @@ def sapo_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, temperature_po
     1 (on-policy tokens learn at full strength, far off-policy ones are attenuated, not cut).
     τ_neg > τ_pos (TRL's defaults: 1.0 and 1.05; TRL's names ``sapo_temperature_pos`` and ``_neg``)
     damps negative-advantage tokens sooner, the less stable ones in the paper's account."""
-    for name, value in (("temperature_pos", temperature_pos), ("temperature_neg", temperature_neg)):
-        if not (math.isfinite(value) and value >= SAPO_MIN_TEMPERATURE):
-            raise ValueError(f"SAPO's {name} must be a positive finite number (at least "
-                             f"{SAPO_MIN_TEMPERATURE}: the gate's 4 / temperature overflows "
-                             f"below), got {value}")
+    check_sapo_temperatures(temperature_pos, temperature_neg)
     _check_same_shape(ratio=ratio, advantages=advantages)
     temperature = torch.where(advantages > 0, torch.full_like(ratio, temperature_pos),
                               torch.full_like(ratio, temperature_neg))
     gate = torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature
     return -gate * advantages
+
+
+def vespo_weights(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                  importance_sampling_ratio: torch.Tensor | None = None, k_pos: float = 2.0,
+                  lambda_pos: float = 3.0, k_neg: float = 3.0, lambda_neg: float = 2.0) -> torch.Tensor:
+    """VESPO's weight of each completion (Variational Sequence-Level Soft Policy Optimization, arXiv
+    2602.10693; TRL 1.16's ``loss_type="vespo"``, eq-after-vespo), (B, 1), detached: a Gamma-shaped
+    function of the sequence's likelihood ratio w = Π_t ρ_t, normalised so that φ(1) = 1,
+
+        φ(w) = exp(λ + k log w − λ w),     (k, λ) = (k_pos, λ_pos) if A ≥ 0 else (k_neg, λ_neg)
+
+    and the loss is −φ(w)·A·log π_θ(o_t) at every token: REINFORCE's gradient scaled by φ, which
+    falls smoothly towards 0 as w leaves 1 on either side (faster below 1 for a larger k, above 1
+    for a larger λ) instead of being cut by a clip. ``log_ratio`` (B, T) are token log-ratios;
+    ``importance_sampling_ratio`` (B, T), the sampler correction's token weights, multiplies w
+    (its logs are added over the masked tokens). As TRL computes it: each token's log-ratio clamped
+    to [−20, 20], log w to [log 1e-8, 20], a non-finite φ read as 0; ``advantages`` (B, T) constant
+    over a row (its first token's sign decides)."""
+    lower = math.log(1e-8)
+    log_w = masked_sum(torch.clamp(log_ratio.detach(), -20.0, 20.0), mask, dim=-1)[:, None]
+    if importance_sampling_ratio is not None:
+        log_is = torch.clamp(torch.log(importance_sampling_ratio.detach()), lower, 20.0)
+        log_w = log_w + masked_sum(log_is, mask, dim=-1)[:, None]
+    log_w = torch.clamp(log_w, lower, 20.0)
+    positive = advantages[:, :1] >= 0
+    k = torch.where(positive, k_pos, k_neg)
+    lam = torch.where(positive, lambda_pos, lambda_neg).clamp(min=1e-4)
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0,
+                                                                       neginf=0.0)
 
 
 def sampler_importance_weights(
@@ -884,307 +906,6 @@ def global_token_mean(per_token: torch.Tensor, mask: torch.Tensor,
     return masked_sum(per_token, mask) / count
 
 
-def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, *,
-                   max_completion_length: int | None = None, num_items_in_batch=None,
-                   gradient_accumulation_steps: int = 1) -> torch.Tensor:
-    """Reduce the (B, T) token losses of one micro-batch to the scalar whose gradient is
-    accumulated.
-
-    ``loss_type`` picks :func:`completion_token_mean` ("grpo"), :func:`token_mean` ("bnpo"),
-    :func:`constant_normaliser` ("dr_grpo") or :func:`global_token_mean` ("dapo"). The first three
-    are means over the micro-batch, divided by ``gradient_accumulation_steps`` so that the
-    accumulated gradient is their average; "dapo" already divides by the whole batch's token count.
-    ("gmpo" has its own per-completion loss, :func:`gmpo_surrogate`, and is averaged like
-    "grpo"; the surrogates of "cispo" and "sapo" are aggregated as TRL aggregates them, "cispo" like
-    "dapo" and "sapo" like "grpo".)"""
-    _check_accumulation(gradient_accumulation_steps)
-    if loss_type in ("dapo", "cispo"):
-        return global_token_mean(per_token, mask, num_items_in_batch)
-    if loss_type in ("grpo", "gmpo", "sapo"):
-        loss = completion_token_mean(per_token, mask)
-    elif loss_type == "bnpo":
-        loss = token_mean(per_token, mask)
-    elif loss_type == "dr_grpo":
-        loss = constant_normaliser(per_token, mask, max_completion_length)
-    else:
-        raise ValueError(f"unknown loss_type {loss_type!r}; choose one of {LOSS_TYPES}")
-    return loss / gradient_accumulation_steps
-
-
-def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    loss_type: str = "bnpo",
-    max_completion_length: int | None = None,
-    num_items_in_batch: int | float | None = None,
-    gradient_accumulation_steps: int = 1,
-    beta: float = 0.0,
-    ref_logp: torch.Tensor | None = None,
-    importance_sampling_level: str = "token",
-    response_weights: torch.Tensor | None = None,
-    delta: float | None = None,
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
-    importance_sampling_ratio: torch.Tensor | None = None,
-    off_policy_mask_threshold: float | None = None,
-    sampler_logp: torch.Tensor | None = None,
-    entropy_mask: torch.Tensor | None = None,
-    covariance_method: str | None = None,
-    clip_cov_ratio: float = 2e-4,
-    clip_cov_lb: float = 1.0,
-    clip_cov_ub: float = 5.0,
-    kl_cov_ratio: float = 2e-4,
-    ppo_kl_coef: float = 0.1,
-    generator: torch.Generator | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The family's objective (eq-family-surrogate) for one micro-batch: ratio, clipped surrogate,
-    the in-loss KL, the response weights, the aggregation. Returns ``(loss, metrics)``.
-
-    Per token, with ρ from :func:`log_ratio` at ``importance_sampling_level`` and ε_high = ε unless
-    given:
-
-        ℓ_t = −min(ρ_t A_t, clip(ρ_t, 1 − ε, 1 + ε_high) A_t) + β · k3_t(π ‖ π_ref)
-              (:func:`clipped_surrogate`)
-
-    ``advantages`` are per token (B, T) (PPO with GAE) or per completion (B,) (the group methods),
-    broadcast over tokens. ``response_weights`` (B,) ≥ 0 (λ-GRPO) multiply every token loss of row i
-    by f_i; gradients flow into them. :func:`aggregate_loss` then reduces by ``loss_type`` ("grpo",
-    "bnpo", "dr_grpo", "dapo"), dividing by ``gradient_accumulation_steps`` where the aggregation is
-    a micro-batch mean. ``loss_type="gmpo"`` replaces the token terms by :func:`gmpo_surrogate`
-    (+ β · the row's mean k3), averaged over rows; not with response weights.
-
-    The variants of TRL 1.16's ``GRPOConfig``, under TRL's names:
-
-    - ``delta``: two-sided clipping (:func:`clipped_surrogate`), for the four PPO-Clip loss
-      types;
-    - ``loss_type="cispo"``: :func:`cispo_surrogate` with the weight capped at ``epsilon_high``
-      itself (which must then exceed 1; ``epsilon`` is unused), aggregated like "dapo";
-    - ``loss_type="sapo"``: :func:`sapo_surrogate` with ``sapo_temperature_pos`` and ``_neg``,
-      aggregated like "grpo";
-    - ``importance_sampling_ratio`` (B, T) ≥ 0: the sampler-mismatch weight of
-      :func:`sampler_importance_weights`, multiplying each token's surrogate loss (not its KL
-      term);
-    - ``off_policy_mask_threshold``: :func:`off_policy_sequence_mask` against ``sampler_logp``
-      (default ``old_logp``), multiplying each token's surrogate loss likewise;
-    - ``entropy_mask`` (B, T) bool: :func:`high_entropy_mask` (TRL's ``top_entropy_quantile``), the
-      tokens that keep their surrogate loss.
-
-    In TRL's order: surrogate × off-policy mask × entropy mask × importance weight, + β·k3, then ×
-    response weight. GMPO's per-row loss takes none of them.
-
-    Beyond TRL, verl's covariance methods (``covariance_method``, with the PPO-Clip loss types at
-    token level), which choose tokens by :func:`token_covariance` within this micro-batch:
-
-    - ``"clip_cov"``: :func:`clip_cov_mask` (``clip_cov_ratio``, ``clip_cov_lb``, ``clip_cov_ub``, a
-      random draw from ``generator``) sets the chosen tokens' surrogate loss to 0;
-    - ``"kl_cov"``: the surrogate is the unclipped −ρA, and the tokens of :func:`kl_cov_mask`
-      (``kl_cov_ratio``) add ``ppo_kl_coef``·|log ρ|.
-
-    The metrics are detached floats over the masked tokens, named as TRL names them:
-    ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean`` (the tokens whose
-    gradient the clip removes; 0 for "cispo" and "sapo", which remove none), ``kl`` (mean k3 to
-    the reference, when β > 0), ``cispo_clip_ratio`` (TRL's: ρ above the cap with A > 0); and
-    ``approx_kl`` (k3 estimate of KL(π_old ‖ π_θ), as CleanRL logs it), ``ratio/min``,
-    ``ratio/max``, ``ratio/mean``; with ``delta``, ``clip_ratio/delta_mean`` (A < 0 and ρ > δ:
-    the tokens δ stops); with the off-policy mask, ``off_policy_mask/masked_mean`` (the tokens it
-    drops); with the entropy mask, ``entropy_mask/kept_mean``; with a covariance method,
-    ``covariance/selected_mean`` (the tokens it cut or penalised).
-    """
-    epsilon_high = epsilon if epsilon_high is None else epsilon_high
-    _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_type,
-                            importance_sampling_level, beta, ref_logp, response_weights,
-                            gradient_accumulation_steps)
-    _check_variant_args(logp, mask, loss_type, epsilon_high, delta, importance_sampling_ratio,
-                        off_policy_mask_threshold, sampler_logp)
-    _check_entropy_args(logp, loss_type, importance_sampling_level, entropy_mask, covariance_method,
-                        ppo_kl_coef)
-    mask = mask.bool()
-    if advantages.shape == logp.shape[:1]:
-        advantages = advantages[:, None].expand_as(logp)
-    elif advantages.shape != logp.shape:
-        raise ValueError(f"advantages must be (B,) = ({logp.shape[0]},) or (B, T) = "
-                         f"{tuple(logp.shape)}, "
-                         f"got {tuple(advantages.shape)}")
-    require_finite("advantages", advantages, mask=mask)
-
-    log_rho = log_ratio(logp, old_logp, mask, importance_sampling_level)
-    if loss_type == "gmpo" and not bool((mask.sum(-1) > 0).all()):
-        rows = (mask.sum(-1) == 0).nonzero().flatten().tolist()
-        raise ValueError(f"rows {rows[:5]} have no masked token: GMPO's geometric mean needs at "
-                         "least one")
-    ratio = torch.exp(log_rho)
-    kl_ref = kl_estimate(logp, torch.where(mask, ref_logp, logp)) if beta > 0 else None
-    keep = None
-    if loss_type == "gmpo":
-        per_row, low, high = gmpo_surrogate(log_rho, advantages, mask, epsilon, epsilon_high)
-        loss = per_row.mean()
-        if beta > 0:
-            loss = loss + beta * masked_mean(kl_ref, mask, dim=-1).mean()
-        loss = loss / gradient_accumulation_steps
-    else:
-        if loss_type == "cispo":
-            zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-            per_token, _, capped_high = cispo_surrogate(
-                ratio, advantages, torch.where(mask, logp, zero), max_weight=epsilon_high)
-        elif loss_type == "sapo":
-            per_token = sapo_surrogate(ratio, advantages, sapo_temperature_pos,
-                                       sapo_temperature_neg)
-        else:
-            per_token, low, high = clipped_surrogate(ratio, advantages, epsilon, epsilon_high,
-                                                     delta)
-        if loss_type in ("cispo", "sapo"):  # no token's gradient is removed
-            low = high = torch.zeros_like(mask)
-        if covariance_method is not None:
-            covariance = token_covariance(logp, advantages, mask)
-            if covariance_method == "clip_cov":
-                # the tokens whose clipped term is the larger loss: PPO's clip already holds them
-                clipped = (low | high) & mask
-                selected = clip_cov_mask(covariance, mask, clip_cov_ratio, clip_cov_lb, clip_cov_ub,
-                                         already_clipped=clipped, generator=generator)
-                per_token = per_token * (~selected).to(per_token.dtype)
-            else:
-                selected = kl_cov_mask(covariance, mask, kl_cov_ratio)
-                per_token = -ratio * advantages + ppo_kl_coef * log_rho.abs() * selected
-                low = high = torch.zeros_like(mask)
-        if off_policy_mask_threshold is not None:
-            behaviour = old_logp if sampler_logp is None else sampler_logp
-            keep = off_policy_sequence_mask(logp, behaviour, advantages, mask,
-                                            off_policy_mask_threshold)
-            per_token = per_token * keep.to(per_token.dtype)
-        if entropy_mask is not None:
-            per_token = per_token * entropy_mask.to(per_token.dtype)
-        if importance_sampling_ratio is not None:
-            per_token = per_token * importance_sampling_ratio.detach()
-        if beta > 0:
-            per_token = per_token + beta * kl_ref
-        if response_weights is not None:
-            per_token = per_token * response_weights[:, None]
-        loss = aggregate_loss(per_token, mask, loss_type,
-                              max_completion_length=max_completion_length,
-                              num_items_in_batch=num_items_in_batch,
-                              gradient_accumulation_steps=gradient_accumulation_steps)
-
-    with torch.no_grad():
-        metrics = {
-            "clip_ratio/low_mean": masked_mean(low.float(), mask).item(),
-            "clip_ratio/high_mean": masked_mean(high.float(), mask).item(),
-            "clip_ratio/region_mean": masked_mean((low | high).float(), mask).item(),
-            "approx_kl": masked_mean(kl_estimate(old_logp, torch.where(mask, logp, old_logp)),
-                                     mask).item(),
-            "ratio/min": ratio[mask].min().item(),
-            "ratio/max": ratio[mask].max().item(),
-            "ratio/mean": masked_mean(ratio, mask).item(),
-        }
-        if beta > 0:
-            metrics["kl"] = masked_mean(kl_ref, mask).item()
-        if loss_type == "cispo":
-            capped = (capped_high & (advantages > 0)).float()
-            metrics["cispo_clip_ratio"] = masked_mean(capped, mask).item()
-        if delta is not None:
-            stopped = ((ratio > delta) & (advantages < 0)).float()
-            metrics["clip_ratio/delta_mean"] = masked_mean(stopped, mask).item()
-        if keep is not None:
-            metrics["off_policy_mask/masked_mean"] = masked_mean((~keep).float(), mask).item()
-        if entropy_mask is not None:
-            metrics["entropy_mask/kept_mean"] = masked_mean(entropy_mask.float(), mask).item()
-        if covariance_method is not None:
-            metrics["covariance/selected_mean"] = masked_mean(selected.float(), mask).item()
-    return loss, metrics
-
-
-def _check_policy_loss_args(logp, old_logp, mask, epsilon, epsilon_high, loss_type, importance_sampling_level, beta,
-                            ref_logp, response_weights, gradient_accumulation_steps=1) -> None:
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"unknown loss_type {loss_type!r}; choose one of {LOSS_TYPES}")
-    if not epsilon > 0 or not epsilon_high > 0:
-        raise ValueError(f"epsilon and epsilon_high must be positive, got {epsilon} and {epsilon_high}")
-    if epsilon >= 1 and loss_type != "gmpo":  # GMPO's epsilon is in log space
-        raise ValueError(f"epsilon must be below 1 (the ratio's lower clip 1 - epsilon must stay positive), got {epsilon}")
-    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(f"unknown importance_sampling_level {importance_sampling_level!r}; "
-                         f"choose one of {IMPORTANCE_SAMPLING_LEVELS}")
-    if beta < 0 or not math.isfinite(beta):
-        raise ValueError(f"beta must be a finite number >= 0, got {beta}")
-    _check_accumulation(gradient_accumulation_steps)
-    _check_same_shape(logp=logp, old_logp=old_logp, mask=mask)
-    if logp.dim() != 2:
-        raise ValueError(f"logp, old_logp and mask must be (B, T), got shape {tuple(logp.shape)}")
-    if not bool(mask.bool().any()):
-        raise ValueError("the loss mask is all zero: there is no completion token to learn from")
-    require_finite("logp", logp, mask=mask)
-    require_finite("old_logp", old_logp, mask=mask)
-    if beta > 0:
-        if ref_logp is None:
-            raise ValueError("beta > 0 needs ref_logp, the reference policy's log-probs of the same tokens")
-        _check_same_shape(logp=logp, ref_logp=ref_logp)
-        require_finite("ref_logp", ref_logp, mask=mask)
-    if response_weights is not None:
-        if loss_type == "gmpo":
-            raise ValueError("response_weights weigh token losses; GMPO's loss is per row (use another loss_type)")
-        if response_weights.shape != logp.shape[:1]:
-            raise ValueError(f"response_weights must be (B,) = ({logp.shape[0]},), got {tuple(response_weights.shape)}")
-        if not bool(torch.isfinite(response_weights).all()) or bool((response_weights < 0).any()):
-            raise ValueError(f"response_weights must be finite and >= 0, got {response_weights.tolist()[:8]}")
-
-
-def _check_entropy_args(logp, loss_type, importance_sampling_level, entropy_mask, covariance_method,
-                        ppo_kl_coef) -> None:
-    """The arguments of the entropy methods (the high-entropy mask, Clip-Cov, KL-Cov)."""
-    if entropy_mask is not None:
-        if loss_type == "gmpo":
-            raise ValueError("entropy_mask keeps some tokens' losses; GMPO's loss is per row (use another loss_type)")
-        _check_same_shape(logp=logp, entropy_mask=entropy_mask)
-    if covariance_method is None:
-        return
-    if covariance_method not in COVARIANCE_METHODS:
-        raise ValueError(f"unknown covariance_method {covariance_method!r}; choose one of {COVARIANCE_METHODS} "
-                         f"or None")
-    if loss_type not in CLIPPED_LOSS_TYPES or importance_sampling_level != "token":
-        raise ValueError(f"covariance_method={covariance_method!r} changes PPO-Clip's token loss: it needs "
-                         f"loss_type in {CLIPPED_LOSS_TYPES} and importance_sampling_level='token', got "
-                         f"{loss_type!r} and {importance_sampling_level!r}")
-    if not (math.isfinite(ppo_kl_coef) and ppo_kl_coef >= 0):
-        raise ValueError(f"ppo_kl_coef must be a finite number >= 0, got {ppo_kl_coef}")
-
-
-def _check_variant_args(logp, mask, loss_type, epsilon_high, delta, importance_sampling_ratio,
-                        off_policy_mask_threshold, sampler_logp) -> None:
-    """The arguments of TRL 1.16's variants (CISPO's cap, delta, the sampler corrections)."""
-    if loss_type == "cispo" and not epsilon_high > 1:
-        raise ValueError(f"loss_type='cispo' caps the importance weight at epsilon_high itself (TRL's reading, "
-                         f"ScaleRL's epsilon_max, 5.0 there), not at 1 + epsilon_high: it must exceed 1, or every "
-                         f"on-policy token is down-weighted; got epsilon_high={epsilon_high}")
-    if delta is not None:
-        if loss_type not in CLIPPED_LOSS_TYPES:
-            raise ValueError(f"delta is the two-sided clip of PPO-Clip's surrogate: it needs loss_type in "
-                             f"{CLIPPED_LOSS_TYPES}, got {loss_type!r}")
-        if not (isinstance(delta, (int, float)) and math.isfinite(delta) and delta > 1 + epsilon_high):
-            raise ValueError(f"delta must be a finite number above 1 + epsilon_high = {1 + epsilon_high} (it caps "
-                             f"the ratio of negative-advantage tokens above the clip range), got {delta}")
-    if loss_type == "gmpo" and (importance_sampling_ratio is not None or off_policy_mask_threshold is not None):
-        raise ValueError("importance_sampling_ratio and off_policy_mask_threshold weigh token losses; GMPO's loss is "
-                         "per row (use another loss_type)")
-    if importance_sampling_ratio is not None:
-        _check_same_shape(logp=logp, importance_sampling_ratio=importance_sampling_ratio)
-        require_finite("importance_sampling_ratio", importance_sampling_ratio, mask=mask)
-        if bool((importance_sampling_ratio < 0)[mask.bool()].any()):
-            raise ValueError("importance_sampling_ratio must be >= 0 on the mask (a weight), got "
-                             f"{importance_sampling_ratio.min().item()}")
-    if off_policy_mask_threshold is not None and not (
-            isinstance(off_policy_mask_threshold, (int, float)) and math.isfinite(off_policy_mask_threshold)
-            and off_policy_mask_threshold >= 0):
-        raise ValueError(f"off_policy_mask_threshold must be None or a finite number >= 0, got "
-                         f"{off_policy_mask_threshold}")
-    if sampler_logp is not None:
-        _check_same_shape(logp=logp, sampler_logp=sampler_logp)
-        require_finite("sampler_logp", sampler_logp, mask=mask)
-
-
 def positive_example_nll(logp: torch.Tensor, loss_mask: torch.Tensor,
                          correct: torch.Tensor) -> torch.Tensor | None:
     """VAPO's positive-example language-model loss (eq-vapo-nll): the token-mean negative
@@ -1232,6 +953,23 @@ def value_loss(
 
 
 # --- input checks ----------------------------------------------------------------------------------------------
+
+
+def check_delta(delta, epsilon_high: float) -> None:
+    """The two-sided clip's rule, for :func:`clipped_surrogate` and ``RLConfig``: δ > 1 + ε_high, finite."""
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta) \
+            or not delta > 1 + epsilon_high:
+        raise ValueError(f"delta must be a finite number above 1 + epsilon_high = {1 + epsilon_high} (it caps "
+                         f"the ratio of negative-advantage tokens above the clip range), got {delta!r}")
+
+
+def check_sapo_temperatures(temperature_pos: float, temperature_neg: float) -> None:
+    """SAPO's rule, for :func:`sapo_surrogate` and ``RLConfig``: both temperatures finite, at least
+    ``SAPO_MIN_TEMPERATURE`` (the gate's 4 / τ overflows below)."""
+    for name, value in (("sapo_temperature_pos", temperature_pos), ("sapo_temperature_neg", temperature_neg)):
+        if not (math.isfinite(value) and value >= SAPO_MIN_TEMPERATURE):
+            raise ValueError(f"{name} must be a positive finite number (at least {SAPO_MIN_TEMPERATURE}: "
+                             f"the gate's 4 / temperature overflows below), got {value}")
 
 
 def _check_same_shape(**tensors: torch.Tensor) -> None:
@@ -1329,3 +1067,14 @@ def dpo_loss(
     chosen_rewards = beta * chosen_logratios.detach()
     rejected_rewards = beta * rejected_logratios.detach()
     return losses, chosen_rewards, rejected_rewards
+
+
+def __getattr__(name: str):
+    """The loss's taxonomy and composer moved to :mod:`rlbook.losses`; these names still resolve here."""
+    from rlbook import losses
+
+    moved = {"policy_loss": losses.policy_loss_of, "LOSS_TYPES": tuple(losses.LOSS_TYPES),
+             "CLIPPED_LOSS_TYPES": losses.CLIPPED_LOSS_TYPES}
+    if name in moved:
+        return moved[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

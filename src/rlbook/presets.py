@@ -6,7 +6,8 @@ the family's objective (chapter "The family in one table") and the extra machine
 1. the **advantage**: ``advantage_estimator`` (a function of :mod:`rlbook.advantages`) and ``scale_rewards``;
 2. the **ratio level**: ``importance_sampling_level`` (token, or one ratio per completion);
 3. the **clip**: ``epsilon``, ``epsilon_high``;
-4. the **aggregation** of token losses into one number: ``loss_type`` (a function of :mod:`rlbook.objectives`);
+4. the **aggregation** of token losses into one number: ``loss_type``, which :data:`rlbook.losses.LOSS_TYPES` maps to
+   an aggregation and to the surrogate of slots 2-3 (PPO-Clip's for most; CISPO, SAPO, GMPO, VESPO their own);
 5. the **KL** penalty to the reference: ``beta`` and where it goes, ``kl_placement`` ("loss" or "reward").
 
 ``RLConfig()`` with no arguments is the preset ``"trl_grpo"``: GRPO as TRL's ``GRPOConfig`` runs it by default
@@ -27,13 +28,13 @@ import math
 from dataclasses import dataclass
 
 from rlbook.advantages import ESTIMATORS, VALUE_MODEL_ESTIMATORS
+from rlbook.losses import LOSS_TYPES, SURROGATES, config_errors
 from rlbook.objectives import (
-    CLIPPED_LOSS_TYPES,
-    IMPORTANCE_SAMPLING_LEVELS,
-    LOSS_TYPES,
     COVARIANCE_METHODS,
-    SAPO_MIN_TEMPERATURE,
+    IMPORTANCE_SAMPLING_LEVELS,
     VLLM_IMPORTANCE_SAMPLING_MODES,
+    check_delta,
+    check_sapo_temperatures,
 )
 
 KL_PLACEMENTS = ("loss", "reward")
@@ -93,6 +94,12 @@ class RLConfig:
     # cap) and "sapo" (a sigmoid gate of temperature sapo_temperature_pos for A > 0, _neg otherwise; TRL's defaults)
     sapo_temperature_pos: float = 1.0
     sapo_temperature_neg: float = 1.05
+    # loss_type "vespo" (TRL 1.16): the Gamma weight's power k and decay lambda for A >= 0 (_pos) and A < 0 (_neg),
+    # TRL's defaults (rlbook.objectives.vespo_weights)
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
     # --- entropy (TRL's names): keep only the top_entropy_quantile share of tokens by the policy's entropy in the
     # policy loss (the high-entropy minority, rlbook.objectives.high_entropy_mask; 1.0: all), and add
     # -entropy_coef * mean token entropy to the loss (rlbook.objectives.entropy_bonus_loss). use_adaptive_entropy:
@@ -115,8 +122,9 @@ class RLConfig:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 2e-4
     ppo_kl_coef: float = 0.1  # verl's ppo_trainer.yaml (its function's fallback is 1.0)
-    # --- slot 4, the aggregation: a function of rlbook.objectives ("grpo", "bnpo", "dr_grpo", "dapo"; "gmpo", and
-    # "cispo" and "sapo", which also name their surrogate and are aggregated as TRL does: like "dapo" and "grpo")
+    # --- slot 4, the aggregation, and with it the surrogate: TRL's loss_type, a key of rlbook.losses.LOSS_TYPES ("grpo",
+    # "bnpo", "dr_grpo", "dapo", "luspo": PPO-Clip's surrogate, five aggregations; "gmpo", "cispo", "sapo", "vespo":
+    # their own surrogates, aggregated as TRL does)
     loss_type: str = "dapo"
     # --- slot 5, the KL penalty to the reference policy (a frozen copy of the initial policy, held when beta > 0)
     beta: float = 0.0
@@ -322,7 +330,7 @@ def _check(c: RLConfig) -> None:
         value = getattr(c, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    for name, choices in (("advantage_estimator", tuple(ESTIMATORS)), ("loss_type", LOSS_TYPES),
+    for name, choices in (("advantage_estimator", tuple(ESTIMATORS)), ("loss_type", tuple(LOSS_TYPES)),
                           ("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS), ("kl_placement", KL_PLACEMENTS),
                           ("scale_rewards", ("group", "batch", "none")),
                           ("gfpo_metric", ("length", "token_efficiency")), ("value_init", ("policy", "random")),
@@ -334,7 +342,8 @@ def _check(c: RLConfig) -> None:
             raise ValueError(f"unknown {name} {getattr(c, name)!r}; choose one of {choices}")
     for name in ("learning_rate", "temperature", "epsilon", "max_grad_norm", "beta", "weight_decay", "gamma", "lam",
                  "vf_coef", "nll_coef", "lambda_grpo_init", "lambda_grpo_learning_rate", "lambda_grpo_r",
-                 "sapo_temperature_pos", "sapo_temperature_neg"):
+                 "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+                 "vespo_lambda_neg"):
         value = getattr(c, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -360,10 +369,11 @@ def _check(c: RLConfig) -> None:
         raise ValueError(f"gamma and lam must lie in [0, 1], got {c.gamma} and {c.lam}")
     if not c.epsilon > 0 or (c.epsilon_high is not None and not c.epsilon_high > 0):
         raise ValueError(f"epsilon and epsilon_high must be positive, got {c.epsilon} and {c.epsilon_high}")
-    if c.epsilon >= 1 and c.loss_type != "gmpo":
+    log_space = SURROGATES[LOSS_TYPES[c.loss_type][0]].log_space_clip
+    if c.epsilon >= 1 and not log_space:
         raise ValueError(f"epsilon must be below 1 (the lower clip 1 - epsilon must stay positive), got {c.epsilon}; "
                          f"only GMPO's log-space clip (loss_type='gmpo') allows more")
-    if c.epsilon_high is not None and c.epsilon_high < c.epsilon and c.loss_type != "gmpo":
+    if c.epsilon_high is not None and c.epsilon_high < c.epsilon and not log_space:
         raise ValueError(f"epsilon_high ({c.epsilon_high}) is below epsilon ({c.epsilon}): clip-higher widens the "
                          f"upper side; set epsilon_high >= epsilon or leave it None for a symmetric clip")
     if c.beta < 0 or c.weight_decay < 0 or c.nll_coef < 0 or c.value_pretrain_steps < 0:
@@ -396,37 +406,27 @@ def _check(c: RLConfig) -> None:
     elif c.gfpo_k is not None or c.gfpo_adaptive:
         raise ValueError("GFPO's filter (gfpo_k, gfpo_adaptive) needs advantage_estimator='gfpo'")
     if c.lambda_grpo:
-        if c.advantage_estimator not in ("grpo", "gfpo") or c.loss_type == "gmpo":
-            raise ValueError("lambda_grpo weighs token losses of groups: it needs advantage_estimator 'grpo' or "
-                             "'gfpo' and a token-level loss_type (not 'gmpo')")
+        if c.advantage_estimator not in ("grpo", "gfpo"):
+            raise ValueError("lambda_grpo weighs the completions of groups: it needs advantage_estimator 'grpo' or "
+                             "'gfpo'")
         if c.lambda_grpo_learning_rate < 0 or not c.lambda_grpo_r > 0:
             raise ValueError(f"lambda_grpo_learning_rate must be >= 0 (0: a fixed lambda) and lambda_grpo_r positive, "
                              f"got {c.lambda_grpo_learning_rate} and {c.lambda_grpo_r}")
     if not isinstance(c.routing_replay, bool):
         raise ValueError(f"routing_replay must be True or False, got {c.routing_replay!r}")
     _check_variants(c)
+    _check_entropy_methods(c)
+    for error in config_errors(c):  # the rules that follow from what the surrogate declares (rlbook.losses)
+        raise ValueError(error)
     if c.dynamic_sampling and c.num_generations < 2:
         raise ValueError("dynamic_sampling needs num_generations >= 2 (a group of one always has equal rewards)")
 
 
 def _check_variants(c: RLConfig) -> None:
     """TRL 1.16's variants: CISPO's cap, SAPO's temperatures, delta, the sampler-mismatch corrections."""
-    epsilon_high = c.epsilon if c.epsilon_high is None else c.epsilon_high
-    if c.loss_type == "cispo" and not epsilon_high > 1:
-        raise ValueError(f"loss_type='cispo' caps the importance weight at epsilon_high itself (TRL's reading, "
-                         f"ScaleRL's epsilon_max), not at 1 + epsilon_high; set epsilon_high > 1 (ScaleRL: 5.0), "
-                         f"got {epsilon_high}")
-    if not (c.sapo_temperature_pos >= SAPO_MIN_TEMPERATURE and c.sapo_temperature_neg >= SAPO_MIN_TEMPERATURE):
-        raise ValueError(f"sapo_temperature_pos and sapo_temperature_neg must be positive (at least "
-                         f"{SAPO_MIN_TEMPERATURE}), got {c.sapo_temperature_pos} and {c.sapo_temperature_neg}")
+    check_sapo_temperatures(c.sapo_temperature_pos, c.sapo_temperature_neg)
     if c.delta is not None:
-        if isinstance(c.delta, bool) or not isinstance(c.delta, (int, float)) or not math.isfinite(c.delta) \
-                or not c.delta > 1 + epsilon_high:
-            raise ValueError(f"delta must be a finite number above 1 + epsilon_high = {1 + epsilon_high} (it caps "
-                             f"the ratio of negative-advantage tokens above the clip range), got {c.delta!r}")
-        if c.loss_type not in CLIPPED_LOSS_TYPES:
-            raise ValueError(f"delta is the two-sided clip of PPO-Clip's surrogate: it needs loss_type in "
-                             f"{CLIPPED_LOSS_TYPES}, got {c.loss_type!r}")
+        check_delta(c.delta, c.epsilon if c.epsilon_high is None else c.epsilon_high)
     if not isinstance(c.vllm_importance_sampling_correction, bool):
         raise ValueError(f"vllm_importance_sampling_correction must be True or False, got "
                          f"{c.vllm_importance_sampling_correction!r}")
@@ -451,10 +451,6 @@ def _check_variants(c: RLConfig) -> None:
             or not 0 <= c.off_policy_mask_threshold < math.inf):
         raise ValueError(f"off_policy_mask_threshold must be a finite number >= 0 or None, got "
                          f"{c.off_policy_mask_threshold!r}")
-    if c.loss_type == "gmpo" and (c.vllm_importance_sampling_correction or c.off_policy_mask_threshold is not None):
-        raise ValueError("vllm_importance_sampling_correction and off_policy_mask_threshold weigh token losses; "
-                         "GMPO's loss is per completion (use another loss_type)")
-    _check_entropy_methods(c)
 
 
 def _check_entropy_methods(c: RLConfig) -> None:
@@ -474,18 +470,11 @@ def _check_entropy_methods(c: RLConfig) -> None:
     if c.use_adaptive_entropy and not c.entropy_coef_min <= c.entropy_coef <= c.entropy_coef_max:
         raise ValueError(f"use_adaptive_entropy starts from entropy_coef, which must lie in [entropy_coef_min, "
                          f"entropy_coef_max] = [{c.entropy_coef_min}, {c.entropy_coef_max}], got {c.entropy_coef}")
-    if c.loss_type == "gmpo" and (c.top_entropy_quantile < 1.0 or c.covariance_method is not None):
-        raise ValueError("top_entropy_quantile and covariance_method choose token losses; GMPO's loss is per "
-                         "completion (use another loss_type)")
     if c.covariance_method is None:
         return
     if c.covariance_method not in COVARIANCE_METHODS:
         raise ValueError(f"unknown covariance_method {c.covariance_method!r}; choose one of {COVARIANCE_METHODS} "
                          f"or None")
-    if c.loss_type not in CLIPPED_LOSS_TYPES or c.importance_sampling_level != "token":
-        raise ValueError(f"covariance_method={c.covariance_method!r} changes PPO-Clip's token loss: it needs "
-                         f"loss_type in {CLIPPED_LOSS_TYPES} and importance_sampling_level='token', got "
-                         f"{c.loss_type!r} and {c.importance_sampling_level!r}")
     for name in ("clip_cov_ratio", "kl_cov_ratio"):
         number(name, lambda v: 0 < v <= 1, "in (0, 1] (a share of the tokens)")
     number("clip_cov_lb")

@@ -39,6 +39,7 @@ from rlbook.distributed import (
     gather_rows,
     global_counts,
     global_share,
+    loss_share,
     reduce_metrics,
     row_offsets,
     rows_of_rank,
@@ -46,6 +47,7 @@ from rlbook.distributed import (
 )
 from rlbook.files import read_checkpoint, restore_trainer_state, trainer_state, write_checkpoint
 from rlbook.lm import adamw, autocast
+from rlbook.losses import LossBatch, aggregation_of, policy_loss
 from rlbook.lm.device import low_precision
 from rlbook.lm.moe import expert_choices, is_moe, replay_routes, routers
 from rlbook.lm.value import build_value_model, token_values
@@ -59,7 +61,6 @@ from rlbook.objectives import (
     kl_estimate,
     lambda_grpo_weights,
     masked_mean,
-    policy_loss,
     positive_example_nll,
     rlhf_token_rewards,
     sampler_importance_weights,
@@ -575,35 +576,21 @@ class Trainer:
                     weights = lambda_grpo_weights(scored.lengths, config.num_generations,
                                                   self.response_weight_lambda,
                                                   config.lambda_grpo_r)[rows]
-                loss, metrics = policy_loss(
+                batch = LossBatch(
                     logp, scored.old_logp[rows], scored.advantages[rows], loss_mask,
-                    epsilon=config.epsilon, epsilon_high=config.epsilon_high,
-                    loss_type=config.loss_type, max_completion_length=config.max_completion_length,
-                    num_items_in_batch=tokens_of_step, gradient_accumulation_steps=accumulate,
-                    beta=kl_in_loss, ref_logp=scored.ref_logp[rows] if kl_in_loss else None,
-                    importance_sampling_level=config.importance_sampling_level,
-                    response_weights=weights,
-                    delta=config.delta, sapo_temperature_pos=config.sapo_temperature_pos,
-                    sapo_temperature_neg=config.sapo_temperature_neg,
-                    importance_sampling_ratio=(None if scored.importance_sampling_ratio is None
-                                               else scored.importance_sampling_ratio[rows]),
-                    off_policy_mask_threshold=config.off_policy_mask_threshold,
+                    ref_logp=scored.ref_logp[rows] if kl_in_loss else None,
                     sampler_logp=(scored.sampler_logp[rows]
                                   if config.off_policy_mask_threshold is not None else None),
-                    entropy_mask=entropy_mask, covariance_method=config.covariance_method,
-                    clip_cov_ratio=config.clip_cov_ratio, clip_cov_lb=config.clip_cov_lb,
-                    clip_cov_ub=config.clip_cov_ub, kl_cov_ratio=config.kl_cov_ratio,
-                    ppo_kl_coef=config.ppo_kl_coef, generator=self._covariance_generator,
-                )
+                    importance_sampling_ratio=(None if scored.importance_sampling_ratio is None
+                                               else scored.importance_sampling_ratio[rows]),
+                    entropy_mask=entropy_mask, response_weights=weights,
+                    num_items_in_batch=tokens_of_step, generator=self._covariance_generator)
+                loss, metrics = policy_loss(batch, config, kl_in_loss)
                 require_finite("the policy loss", loss, self.step)
                 metrics["loss/policy"] = loss.item()
                 if counts is not None:  # this process's share of the loss over all processes' rows
-                    if config.loss_type in ("dapo", "cispo"):  # divided by the step's global tokens
-                        loss = loss * world.size
-                    elif config.loss_type == "bnpo":  # a token mean
-                        loss = loss * global_share(loss_mask.sum(), counts[1], world)
-                    else:  # a mean over completions
-                        loss = loss * global_share(len(rows), counts[0], world)
+                    loss = loss * loss_share(aggregation_of(config).divides_by, len(rows),
+                                             loss_mask.sum(), counts, world)
                 if self._entropy_bonus_on:  # over the tokens the policy loss uses, as TRL
                     tokens = loss_mask.bool() if entropy_mask is None else entropy_mask
                     adaptive = config.use_adaptive_entropy
