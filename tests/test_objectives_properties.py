@@ -223,21 +223,38 @@ def test_ratio_and_surrogates(case, level, epsilon, epsilon_high):
     check(lambda: objectives.gmpo_surrogate(log_rho, advantages, mask, epsilon, epsilon_high), "mask", "epsilon")
 
 
-@covers("completion_token_mean", "token_mean", "constant_normaliser", "global_token_mean", "aggregate_loss")
+@covers("completion_token_mean", "token_mean", "constant_normaliser", "global_token_mean")
 @SETTINGS
-@given(data=st.data(), loss_type=st.sampled_from(objectives.LOSS_TYPES + ("sum",)),
-       max_completion_length=st.none() | st.integers(-1, 10), num_items=st.none() | st.sampled_from([0, -1, 1, 7e6]),
-       accumulate=st.integers(0, 4))
-def test_aggregations(data, loss_type, max_completion_length, num_items, accumulate):
+@given(data=st.data(), max_completion_length=st.none() | st.integers(-1, 10),
+       num_items=st.none() | st.sampled_from([0, -1, 1, 7e6]))
+def test_aggregations(data, max_completion_length, num_items):
     B, T = data.draw(shapes())
     per_token, mask = values(data.draw, (B, T), 1e6), any_mask(data.draw, B, T)
     check(lambda: objectives.completion_token_mean(per_token, mask), "mask")
     check(lambda: objectives.token_mean(per_token, mask), "mask")
     check(lambda: objectives.constant_normaliser(per_token, mask, max_completion_length), "max_completion_length")
     check(lambda: objectives.global_token_mean(per_token, mask, num_items), "num_items_in_batch")
-    check(lambda: objectives.aggregate_loss(per_token, mask, loss_type, max_completion_length=max_completion_length,
-                                            num_items_in_batch=num_items, gradient_accumulation_steps=accumulate),
-          "loss_type", "max_completion_length", "num_items_in_batch", "gradient_accumulation_steps")
+
+
+@covers("vespo_weights")
+@SETTINGS
+@given(case=token_case(), k=st.floats(0.0, 10.0), lam=st.floats(0.0, 10.0), weighted=st.booleans())
+def test_vespo_weights_are_finite_detached_and_one_on_policy(case, k, lam, weighted):
+    logp, old_logp, mask, advantages = case
+    is_ratio = torch.rand(logp.shape) * 3 if weighted else None
+    phi = check(lambda: objectives.vespo_weights(logp - old_logp, advantages, mask, is_ratio, k, lam, k, lam))
+    assert phi.shape == (logp.shape[0], 1) and not phi.requires_grad and bool((phi >= 0).all())
+    on_policy = objectives.vespo_weights(torch.zeros_like(logp), advantages, mask, None, k, lam, k, lam)
+    torch.testing.assert_close(on_policy, torch.ones_like(on_policy), rtol=1e-5, atol=0)  # φ(1) = 1
+
+
+@covers("check_delta", "check_sapo_temperatures")
+@SETTINGS
+@given(delta=st.floats(-2.0, 10.0) | st.sampled_from([math.inf, math.nan]), epsilon_high=st.floats(0.01, 3.0),
+       tau=st.floats(-1.0, 5.0) | st.sampled_from([math.inf, math.nan, 0.0]))
+def test_the_rules_pass_a_good_value_and_name_a_bad_one(delta, epsilon_high, tau):
+    check(lambda: objectives.check_delta(delta, epsilon_high), "delta")
+    check(lambda: objectives.check_sapo_temperatures(1.0, tau), "sapo_temperature_neg")
 
 
 POLICY_LOSS_ARGS = ("logp", "old_logp", "advantages", "mask", "epsilon", "epsilon_high", "loss_type",
@@ -444,8 +461,6 @@ def test_dpo_loss(data, beta, loss_type, label_smoothing):
     (lambda: objectives.lambda_grpo_softmax(torch.tensor([1.0, 7]), 2, 50.0, 20.0), ()),
     (lambda: objectives.gmpo_surrogate(torch.zeros(2, 3), torch.ones(2, 3), torch.tensor([[1, 1, 0], [0, 0, 0]]),
                                        0.4, 0.4), ("mask",)),  # an empty row was NaN
-    (lambda: objectives.aggregate_loss(torch.ones(2, 3), torch.ones(2, 3), "grpo", gradient_accumulation_steps=0),
-     ("gradient_accumulation_steps",)),  # was inf or NaN
     (lambda: objectives.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2), torch.ones(2, 3),
                                     gradient_accumulation_steps=0), ("gradient_accumulation_steps",)),
     (lambda: objectives.gfpo_keep_mask(torch.zeros(4), torch.ones(4), 2, torch.tensor([1, 1, 1])), ("k",)),  # was

@@ -316,7 +316,7 @@ def policy_loss(b: LossBatch, c: RLConfig, kl_coef: float = 0.0) -> tuple[torch.
             metrics.update(weighted[1])
     kl = None
     if kl_coef > 0:                                                                  # slot 5
-        _require(b.ref_logp is not None, "a KL in the loss (beta > 0) needs ref_logp, the reference policy's "
+        _require(b.ref_logp is not None, "beta > 0 needs ref_logp, the reference policy's "
                                          "log-probs of the same tokens")
         kl = kl_estimate(b.logp, torch.where(b.mask, b.ref_logp, b.logp))
         loss = loss + kl_coef * (masked_mean(kl, b.mask, dim=-1) if chosen.per_completion else kl)
