@@ -70,6 +70,7 @@ def _trl_stand_in(loss_type, logp, *, beta, epsilon, epsilon_high, max_completio
         "max_completion_length": max_completion_length, "accelerator": _Accelerator(),
         "_entropy_bonus_enabled": False, "aux_loss_enabled": False,
         "get_off_policy_mask": GRPOTrainer.get_off_policy_mask,  # TRL's own (a static method)
+        "get_gamma_weights": GRPOTrainer.get_gamma_weights,  # VESPO's weight, TRL's own (a static method)
         "_metrics": defaultdict(lambda: defaultdict(list)),
         "args": SimpleNamespace(**{"use_bias_correction_kl": False, "delta": None, "steps_per_generation": 1,
                                    "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, **(args or {})}),
@@ -237,6 +238,47 @@ def test_sapo_equals_trls(level, tau_pos, tau_neg):
                            dict(beta=0.0, epsilon=0.2, epsilon_high=0.2, importance_sampling_level=level,
                                 args=temperatures),
                            logp, old_logp, ref_logp, advantages, mask, "sapo", mask.sum())
+    _assert_agree(results, mask)
+
+
+@pytest.mark.parametrize("level", ["sequence", "token"])  # sequence: the LUSPO paper's; token: TRL's default
+@pytest.mark.parametrize("beta, delta", [(0.0, None), (0.04, 3.0)])
+def test_luspo_equals_trls(level, beta, delta):
+    """LUSPO (TRL 1.16's loss_type="luspo"): PPO-Clip's surrogate, each completion's token losses summed, not
+    averaged, then the mean over completions; through the registry (one row of rlbook.losses.LOSS_TYPES)."""
+    logp, old_logp, ref_logp, rewards, mask = _tensors(800 + int(100 * beta) + len(level))
+    advantages = group_advantages(rewards, num_generations=4)
+    results = _both_losses(dict(epsilon_high=0.28, importance_sampling_level=level, beta=beta, delta=delta,
+                                ref_logp=ref_logp if beta else None),
+                           dict(beta=beta, epsilon=0.2, epsilon_high=0.28, importance_sampling_level=level,
+                                args={"delta": delta}),
+                           logp, old_logp, ref_logp, advantages, mask, "luspo", mask.sum())
+    _assert_agree(results, mask)
+
+
+VESPO_DEFAULTS = dict(vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0)
+
+
+@pytest.mark.parametrize("settings", [VESPO_DEFAULTS, dict(vespo_k_pos=0.5, vespo_lambda_pos=1.0, vespo_k_neg=4.0,
+                                                           vespo_lambda_neg=6.0)])
+@pytest.mark.parametrize("beta, corrected", [(0.0, False), (0.04, True)])
+def test_vespo_equals_trls(settings, beta, corrected):
+    """VESPO (TRL 1.16's loss_type="vespo"): a detached Gamma weight of the sequence's likelihood ratio times
+    A log π, aggregated like "dapo"; with the sampler correction (token_mask) folded into the weight, not
+    multiplied onto the token losses."""
+    logp, old_logp, ref_logp, rewards, mask, sampler_logp = _sampler_tensors(900 + int(100 * beta), 0.05, 0.02)
+    logp = old_logp + 0.1 * (logp - old_logp)  # sequence ratios near 1, where the weight is not ~0
+    advantages = group_advantages(rewards, num_generations=4)
+    theirs = _trl_sampler_weights(old_logp, sampler_logp, mask, "token_mask", 0.5, 2.0) if corrected else None
+    ours = sampler_importance_weights(old_logp, sampler_logp, mask, "token_mask", 0.5, 2.0) if corrected else None
+    results = _both_losses(
+        dict(beta=beta, ref_logp=ref_logp if beta else None, importance_sampling_ratio=ours, **settings),
+        dict(beta=beta, epsilon=0.2, epsilon_high=0.2, args=settings, use_vllm=corrected,
+             vllm_importance_sampling_correction=corrected, inputs={"importance_sampling_ratio": theirs}),
+        logp, old_logp, ref_logp, advantages, mask, "vespo", 2 * mask.sum())
+    _, metrics = policy_loss(logp, old_logp, advantages, mask, loss_type="vespo", importance_sampling_ratio=ours,
+                             **settings)
+    assert 0.05 < metrics["vespo/phi_seq_mean"] < 1.5, "the weights must be neither ~0 nor all 1"
     _assert_agree(results, mask)
 
 
