@@ -30,6 +30,7 @@ EXTRA = {
     "dapo+clip_cov+entropy": dict(name="dapo", dynamic_sampling=False, covariance_method="clip_cov", clip_cov_lb=0.0,
                                   clip_cov_ratio=0.1, entropy_coef=0.01),
     "grpo+kl_cov": dict(name="grpo", covariance_method="kl_cov"),
+    "luspo": dict(name="gspo", loss_type="luspo"),  # TRL 1.16's LUSPO: GSPO's sequence ratio, token sums
 }
 CONFIGS = {**{name: preset(name) for name in PRESETS},
            **{key: preset(**settings) for key, settings in EXTRA.items()}}

@@ -249,9 +249,16 @@ def trl_run(c: RLConfig, output_dir: str = "runs/rlbook") -> EngineRun:
 # verl
 # ---------------------------------------------------------------------------------------------------------------
 
-# the book's aggregations as verl's loss_agg_mode (CISPO's is DAPO's token mean, SAPO's GRPO's per-completion mean)
+# TRL 1.16's VESPO, which neither verl 0.9.1 (no such register_policy_loss) nor OpenRLHF 0.11 has
+NOT_IN_VERL_OR_OPENRLHF = {
+    "vespo": "has no VESPO loss (a detached Gamma weight of the sequence's likelihood ratio in place of the clip)",
+}
+
+# the book's aggregations as verl's loss_agg_mode (CISPO's is DAPO's token mean, SAPO's GRPO's per-completion mean,
+# LUSPO's each completion's token sum averaged over completions)
 VERL_LOSS_AGG = {"grpo": "seq-mean-token-mean", "dapo": "token-mean", "bnpo": "token-mean",
-                 "dr_grpo": "seq-mean-token-sum-norm", "cispo": "token-mean", "sapo": "seq-mean-token-mean"}
+                 "dr_grpo": "seq-mean-token-sum-norm", "cispo": "token-mean", "sapo": "seq-mean-token-mean",
+                 "luspo": "seq-mean-token-sum"}
 
 
 def _verl_blocked(c: RLConfig) -> tuple[str, str] | None:
@@ -268,6 +275,8 @@ def _verl_blocked(c: RLConfig) -> tuple[str, str] | None:
     if c.loss_type in ("cispo", "sapo") and c.importance_sampling_level != "token":
         return (f"loss_type={c.loss_type!r} with a sequence-level ratio",
                 f"verl's {c.loss_type} loss weighs token ratios only")
+    if c.loss_type in NOT_IN_VERL_OR_OPENRLHF:
+        return f"loss_type={c.loss_type!r}", f"verl {VERL_VERSION} {NOT_IN_VERL_OR_OPENRLHF[c.loss_type]}"
     if c.lambda_grpo:
         return "lambda_grpo", "no learnable length-based response weights (λ-GRPO)"
     per_step = completions_per_optimizer_step(c)
@@ -473,6 +482,11 @@ def _openrlhf_blocked(c: RLConfig) -> tuple[str, str] | None:
     if c.loss_type == "sapo":
         return "loss_type='sapo'", ("no SAPO loss (a sigmoid gate on the ratio in place of the clip): "
                                     "`--actor.policy_loss_type` is ppo or gspo, both clipped surrogates")
+    if c.loss_type in NOT_IN_VERL_OR_OPENRLHF:
+        return f"loss_type={c.loss_type!r}", f"OpenRLHF {OPENRLHF_VERSION} {NOT_IN_VERL_OR_OPENRLHF[c.loss_type]}"
+    if c.loss_type == "luspo":
+        return "loss_type='luspo'", ("no LUSPO aggregation (each completion's token losses summed, then averaged "
+                                     "over completions): its ppo and gspo losses take token means")
     return None
 
 

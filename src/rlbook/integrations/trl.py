@@ -212,6 +212,9 @@ def grpo_kwargs(config: RLConfig | str, *, num_processes: int = 1, strict: bool 
     if c.loss_type == "sapo":
         kwargs["sapo_temperature_pos"] = c.sapo_temperature_pos
         kwargs["sapo_temperature_neg"] = c.sapo_temperature_neg
+    if c.loss_type == "vespo":
+        kwargs.update({name: getattr(c, name) for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+                                                          "vespo_lambda_neg")})
     if c.vllm_importance_sampling_correction:  # TRL applies it only when vLLM samples (use_vllm=True)
         kwargs.update(vllm_importance_sampling_correction=True,
                       vllm_importance_sampling_mode=c.vllm_importance_sampling_mode,
