@@ -63,6 +63,8 @@ METRICS: dict[str, str] = {
                              "loss delta caps (no gradient)",
     "cispo_clip_ratio": "loss_type 'cispo': fraction of tokens with A > 0 whose importance weight the cap "
                         "epsilon_high shrinks (their gradient stays; TRL's name)",
+    "vespo/phi_seq_mean": "loss_type 'vespo': the mean over completions of the Gamma weight phi(w) of each "
+                          "completion's likelihood ratio w (1 on-policy; near 0 when w is far from 1; TRL's name)",
     "off_policy_mask/masked_mean": "with off_policy_mask_threshold: fraction of loss tokens the off-policy sequence "
                                    "mask drops (negative advantage, mean log(pi_sampler / pi_theta) above the "
                                    "threshold)",
