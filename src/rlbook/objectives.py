@@ -602,8 +602,8 @@ def vespo_weights(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch
         φ(w) = exp(λ + k log w − λ w),     (k, λ) = (k_pos, λ_pos) if A ≥ 0 else (k_neg, λ_neg)
 
     and the loss is −φ(w)·A·log π_θ(o_t) at every token: REINFORCE's gradient scaled by φ, which
-    falls smoothly towards 0 as w leaves 1 on either side (faster below 1 for a larger k, above 1
-    for a larger λ) instead of being cut by a clip. ``log_ratio`` (B, T) are token log-ratios;
+    peaks at w = k/λ (a little above 1 there) and falls smoothly to 0 on both sides, as w^k below
+    and as e^{−λw} above, instead of being cut by a clip. ``log_ratio`` (B, T) are token log-ratios;
     ``importance_sampling_ratio`` (B, T), the sampler correction's token weights, multiplies w
     (its logs are added over the masked tokens). As TRL computes it: each token's log-ratio clamped
     to [−20, 20], log w to [log 1e-8, 20], a non-finite φ read as 0; ``advantages`` (B, T) constant
