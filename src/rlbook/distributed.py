@@ -23,8 +23,9 @@ pass over the processes ("ranks"). This module holds only what the book's algori
   likewise). A rank divides its own sum by the
   all-reduced count (:func:`global_counts`) and multiplies by the world size, which DDP's average
   divides out again (:func:`global_share`), so one update equals the single-process update on the
-  whole batch. A parameter outside DDP's module (λ-GRPO's λ) has its gradient averaged by hand
-  (:func:`average_grad`).
+  whole batch (:func:`micro_batch_shares`: a micro-batch's three shares, exactly 1 on one process, so
+  that the trainer has one code path). A parameter outside DDP's module (λ-GRPO's λ) has its gradient
+  averaged by hand (:func:`average_grad`).
 - **One set of metrics.** Every step's metrics are reduced over ranks (:func:`reduce_metrics`);
   only rank 0 logs and saves checkpoints.
 """
@@ -155,6 +156,46 @@ def loss_share(divides_by: str, rows: int, tokens, counts: torch.Tensor, world: 
         return world.size
     local, column = (rows, 0) if divides_by == "completions" else (tokens, 1)
     return global_share(local, counts[column], world)
+
+
+@dataclass(frozen=True)
+class Shares:
+    """What each loss of a micro-batch is multiplied by (:func:`micro_batch_shares`): 1 on one process."""
+
+    policy: float | torch.Tensor = 1.0
+    nll: float | torch.Tensor = 1.0
+    value: float | torch.Tensor = 1.0
+
+
+def micro_batch_shares(divides_by: str, loss_mask: torch.Tensor, correct: torch.Tensor, mask: torch.Tensor,
+                       counts: torch.Tensor | None, world: World) -> Shares:
+    """The shares of a micro-batch's three losses, from its rows' ``loss_mask`` and ``mask`` (B, T), their
+    ``correct`` verdicts (B,) and its ``counts`` over the ranks (a row of :func:`global_counts`): the policy loss's
+    by what its aggregation ``divides_by`` (:func:`loss_share`), VAPO's NLL's by the loss tokens of correct
+    completions, the value loss's by the completion tokens (:func:`global_share`). Exactly 1 each on one process
+    (``counts`` None there), so that one code path serves one process and many."""
+    if not world.distributed:
+        return Shares()
+    correct_tokens = (loss_mask * correct[:, None]).sum()
+    return Shares(loss_share(divides_by, len(loss_mask), loss_mask.sum(), counts, world),
+                  global_share(correct_tokens, counts[2], world), global_share(mask.sum(), counts[3], world))
+
+
+def share_of(items: list, world: World) -> list:
+    """This rank's contiguous share of ``items`` (all of them on one process)."""
+    if not world.distributed:
+        return items
+    return items[world.rank * len(items) // world.size:(world.rank + 1) * len(items) // world.size]
+
+
+def mean_over_ranks(mean: float, count: int, world: World, device=None) -> float:
+    """The mean over every rank's items of a quantity each rank averaged over its ``count`` items: one
+    all-reduce; ``mean`` itself on one process."""
+    if not world.distributed:
+        return mean
+    total, items = all_reduce_sum(torch.tensor([mean * count, count], dtype=torch.float64, device=device),
+                                  world).tolist()
+    return total / items
 
 
 def global_counts(scored, micro_batches: list[torch.Tensor], world: World) -> torch.Tensor:

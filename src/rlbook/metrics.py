@@ -9,9 +9,10 @@ the keys they add in their own ``metrics`` attribute).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from rlbook.objectives import masked_mean
+from rlbook.objectives import kl_estimate, masked_mean
 
 METRICS: dict[str, str] = {
     # --- the step
@@ -147,3 +148,38 @@ def rollout_metrics(rollout, scored) -> dict:
         "completions/clipped_ratio": float(batch.truncated.float().mean()),
         "entropy": masked_mean(batch.entropies, batch.completion_mask.float()).item(),
     }
+
+
+def reference_kl_metrics(old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> dict:
+    """``objective/kl_per_token`` and ``objective/kl``: the rollout's k1 = log pi_old - log pi_ref over the
+    completion tokens ``mask``, averaged over tokens, and summed per completion then averaged (what the adaptive
+    KL controller aims at)."""
+    k1 = kl_estimate(old_logp, ref_logp, "k1") * mask
+    return {"objective/kl_per_token": masked_mean(k1, mask).item(), "objective/kl": k1.sum(-1).mean().item()}
+
+
+def sampling_metrics(old_logp, sampler_logp, weights, mask, mode: str) -> dict:
+    """TRL's ``sampling/*`` metrics of the sampler-mismatch correction: |log pi_old - log pi_sampler| over the
+    completion tokens, and the correction's weights (one per completion at the sequence level, as TRL counts)."""
+    mask = mask.bool()
+    difference = (old_logp - sampler_logp).abs()[mask]
+    kept = weights[:, 0] if mode.startswith("sequence") else weights[mask]
+    return {"sampling/sampling_logp_difference/mean": difference.mean().item(),
+            "sampling/sampling_logp_difference/max": difference.max().item(),
+            "sampling/importance_sampling_ratio/min": kept.min().item(),
+            "sampling/importance_sampling_ratio/mean": kept.mean().item(),
+            "sampling/importance_sampling_ratio/max": kept.max().item()}
+
+
+def update_summary(values: dict[str, list[float]], optimizer_steps: int, early_stopped: bool | None) -> dict:
+    """An update's metrics from the ``values`` each micro-batch (or optimizer step) gave: their means, but over
+    the whole update the minimum of ``ratio/min`` and the maximum of ``ratio/max``; then ``optimizer_steps``, and
+    ``early_stopped`` (1.0 or 0.0) unless it is None (no early stop configured)."""
+    reduced = {key: float(np.mean(v)) for key, v in values.items()}
+    for key, extreme in (("ratio/min", np.min), ("ratio/max", np.max)):
+        if key in values:
+            reduced[key] = float(extreme(values[key]))
+    reduced["optimizer_steps"] = optimizer_steps
+    if early_stopped is not None:
+        reduced["early_stopped"] = float(early_stopped)
+    return reduced

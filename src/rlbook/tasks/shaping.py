@@ -41,3 +41,14 @@ def soft_overlong_penalty(lengths, max_length: int, cache_length: int) -> np.nda
     expected_length = max_length - cache_length
     ramp = (expected_length - lengths) / cache_length
     return np.where(lengths <= expected_length, 0.0, np.where(lengths <= max_length, ramp, -1.0))
+
+
+def shape_rewards(rollout, config) -> np.ndarray:
+    """A rollout's rewards (:class:`rlbook.rollout.Rollout`, (B,)) with DAPO's soft overlong punishment added
+    when ``config.overlong_buffer_length`` is set (:class:`rlbook.presets.RLConfig`; the ramp's ``L_cache``
+    before the budget ``max_completion_length``), else the rewards themselves."""
+    if config.overlong_buffer_length is None:
+        return rollout.rewards
+    lengths = rollout.batch.lengths.cpu().numpy()
+    return rollout.rewards + soft_overlong_penalty(lengths, config.max_completion_length,
+                                                   config.overlong_buffer_length)
