@@ -2,12 +2,13 @@
 
     sample N prompts, G completions each, and reward them      sample_rollout  -> Rollout
     old and reference log-probs, values, advantages            score           -> ScoredRollout
-    num_iterations passes of minibatch updates                 update
-    metrics, callbacks                                         train_step
+    num_iterations passes of minibatch updates                 update          (_micro_batch_backward)
+    metrics, callbacks, the adaptive KL coefficient            train_step
 
 What makes an algorithm lives elsewhere: its settings in :mod:`rlbook.presets`, its advantage estimator in
-:mod:`rlbook.advantages`, its loss in :mod:`rlbook.objectives` (ratio, surrogate, aggregation). Experiments watch
-or extend the loop through callbacks (:mod:`rlbook.callbacks`), never by overriding this class.
+:mod:`rlbook.advantages`, its loss in :mod:`rlbook.losses` (ratio, surrogate, aggregation), the coefficients that
+move as it runs (the KL penalty's, the entropy bonus's) and the early stop in :mod:`rlbook.controllers`.
+Experiments watch or extend the loop through callbacks (:mod:`rlbook.callbacks`), never by overriding this class.
 
 Randomness comes from ``(seed, step)`` alone (prompts, sampling, minibatch order), so a run that is saved and
 resumed continues exactly as one that was not, on the same machine, and the arms of an experiment that share a
@@ -16,7 +17,8 @@ seed see the same prompts.
 Under ``torchrun`` the same loop runs on every process: each samples its share of the step's groups, the
 advantages are computed on the gathered batch, the models are wrapped in ``DistributedDataParallel`` and every
 loss is divided by counts of the whole batch, so that the config means the same algorithm on any number of
-processes (:mod:`rlbook.distributed` says how).
+processes (:mod:`rlbook.distributed` says how). One code path serves both: on one process every loss's share
+of the whole batch is exactly 1.
 """
 
 from __future__ import annotations
@@ -31,54 +33,34 @@ import torch
 
 from rlbook.advantages import ESTIMATORS, VALUE_MODEL_ESTIMATORS, AdvantageInputs
 from rlbook.callbacks import MetricsLogger, ProgressBar, TrainerCallback
-from rlbook.distributed import (
-    World,
-    all_reduce_sum,
-    average_grad,
-    current_world,
-    gather_rows,
-    global_counts,
-    global_share,
-    loss_share,
-    reduce_metrics,
-    row_offsets,
-    rows_of_rank,
-    shard_groups,
-)
+from rlbook.controllers import EntropyController, KLController, moved_too_far
+from rlbook.distributed import (World, average_grad, current_world, gather_rows, global_counts, mean_over_ranks,
+                                micro_batch_shares, reduce_metrics, row_offsets, rows_of_rank, shard_groups,
+                                share_of)
 from rlbook.files import read_checkpoint, restore_trainer_state, trainer_state, write_checkpoint
 from rlbook.lm import adamw, autocast
-from rlbook.losses import LossBatch, aggregation_of, policy_loss
 from rlbook.lm.device import low_precision
 from rlbook.lm.moe import expert_choices, is_moe, replay_routes, routers
 from rlbook.lm.value import build_value_model, token_values
-from rlbook.metrics import explained_variance, rollout_metrics
+from rlbook.losses import LossBatch, aggregation_of, policy_loss
+from rlbook.metrics import (explained_variance, reference_kl_metrics, rollout_metrics, sampling_metrics,
+                            update_summary)
 from rlbook.nonfinite import require_finite, require_finite_rewards, skip_nonfinite_groups
-from rlbook.objectives import (
-    adaptive_entropy_coef,
-    adaptive_kl_coef,
-    entropy_bonus_loss,
-    high_entropy_mask,
-    kl_estimate,
-    lambda_grpo_weights,
-    masked_mean,
-    positive_example_nll,
-    rlhf_token_rewards,
-    sampler_importance_weights,
-    value_loss,
-)
-from rlbook.presets import PRESETS, RLConfig, preset  # noqa: F401  (re-exported: rlbook.trainer.preset)
-from rlbook.rollout import (
-    Rollout,
-    RolloutBatch,
-    ScoredRollout,
-    dynamic_sampling,
-    generate_rollouts,
-    informative_groups,
-    sequence_logprobs,
-)
+from rlbook.objectives import (high_entropy_mask, lambda_grpo_weights, positive_example_nll,
+                               sampler_importance_weights, value_loss)
+from rlbook.presets import RLConfig
+from rlbook.presets import preset  # noqa: F401  (re-exported: rlbook.trainer.preset)
+from rlbook.rollout import (Rollout, RolloutBatch, ScoredRollout, dynamic_sampling, generate_rollouts,
+                            informative_groups, sequence_logprobs)
 from rlbook.sft import sampled_accuracy
 from rlbook.tasks import Task
-from rlbook.tasks.shaping import soft_overlong_penalty
+from rlbook.tasks.shaping import shape_rewards
+
+# Seed streams apart from the training steps' (a step's prompts come from [seed, step], its sampling from
+# _seed(seed, step, round) for generation rounds 0, 1, ...):
+HELD_OUT_SEED = 10**6  # the held-out problems: [seed, 10**6] over the test split (which no prompt comes from)
+PRETRAIN_STEPS = 10**6  # value pretraining's round k samples as step 10**6 + k, past any run's training steps
+COVARIANCE_ROUND = 10**6  # Clip-Cov's draw in a step's update: round 10**6 of the step, no generation round's
 
 
 class Trainer:
@@ -121,16 +103,7 @@ class Trainer:
             self._learner = torch.nn.parallel.DistributedDataParallel(
                 self._learner,
                 find_unused_parameters=self.value_model is not None or is_moe(policy))
-        params = list(policy.parameters()) + (list(self.value_model.parameters())
-                                              if self.value_model else [])
-        # a MoE's routers in their own group when they learn at their own rate
-        gates = ([gate.weight for gate in routers(policy)]
-                 if config.router_learning_rate is not None else [])
-        groups = [{"params": [p for p in params if all(p is not g for g in gates)]}]
-        if gates:
-            groups.append({"params": gates, "lr": config.router_learning_rate, "name": "router"})
-        self.optimizer = adamw(groups, lr=config.learning_rate,
-                                           weight_decay=config.weight_decay)
+        self.optimizer = self._adamw()  # a MoE's routers in their own group at their own rate
         # λ-GRPO's learnable λ: its own parameter group, outside the clipping
         self.response_weight_lambda = None
         if config.lambda_grpo:
@@ -140,20 +113,35 @@ class Trainer:
                                             "weight_decay": 0.0,
                                             "lr": config.lambda_grpo_learning_rate,
                                             "name": "lambda"})
-        self.kl_coef = config.beta  # moves when adaptive_kl_target is set
-        # the entropy bonus's coefficient (moves when use_adaptive_entropy), and the mean token
-        # entropy of the last optimizer step, which decides whether the adaptive bonus applies
-        # (inf: not before the first step)
-        self.entropy_coef, self.last_entropy = config.entropy_coef, float("inf")
-        self._entropy_window = [0.0, 0.0]  # this optimizer step's entropy sum and token count
+        self.kl_control = KLController(config)  # β, which moves when adaptive_kl_target is set
+        self.entropy_control = EntropyController(config)  # the entropy bonus and its coefficient
         self._covariance_generator = None  # Clip-Cov's draw, seeded per step in update()
         logger = [MetricsLogger(log_file)] if log_file and self.world.is_main else []
         self.callbacks = list(callbacks) + logger
         self.value_pretrain_history: list[dict] = []
         self.step = 0
         self.history: list[dict] = []
-        self._held_out = task.sample(config.eval_size,
-                                     seed=np.random.default_rng([config.seed, 10**6]), split="test")
+        self._held_out = task.sample(config.eval_size, split="test",
+                                     seed=np.random.default_rng([config.seed, HELD_OUT_SEED]))
+
+    def _adamw(self) -> torch.optim.Optimizer:
+        """AdamW over the policy's (and the value model's) parameters; a MoE's routers in their own group when
+        they learn at their own rate (``router_learning_rate``)."""
+        config, value_model = self.config, self.value_model
+        params = list(self.policy.parameters()) + (list(value_model.parameters()) if value_model else [])
+        gates = [gate.weight for gate in routers(self.policy)] if config.router_learning_rate is not None else []
+        groups = [{"params": [p for p in params if all(p is not g for g in gates)]}]
+        if gates:
+            groups.append({"params": gates, "lr": config.router_learning_rate, "name": "router"})
+        return adamw(groups, lr=config.learning_rate, weight_decay=config.weight_decay)
+
+    # the controllers' state as the trainer's attributes (a checkpoint saves and restores them)
+    kl_coef = property(lambda self: self.kl_control.coef,
+                       lambda self, value: setattr(self.kl_control, "coef", value))
+    entropy_coef = property(lambda self: self.entropy_control.coef,
+                            lambda self, value: setattr(self.entropy_control, "coef", value))
+    last_entropy = property(lambda self: self.entropy_control.last_entropy,
+                            lambda self, value: setattr(self.entropy_control, "last_entropy", value))
 
     # --- the loop -------------------------------------------------------------------------------------------
 
@@ -205,7 +193,6 @@ class Trainer:
         time_update = self._clock() - timer
         extra.update(self._notify("on_update_end", scored))
 
-        beta_used = self.kl_coef
         metrics = {
             "step": self.step + 1,
             **rollout_metrics(rollout, scored),
@@ -213,7 +200,7 @@ class Trainer:
             **scored.metrics,
             **update_metrics,
             **extra,
-            **({"beta": beta_used} if config.beta > 0 else {}),
+            **self.kl_control.metrics(),  # the β this step used
             **({"lambda_grpo/lambda": float(self.response_weight_lambda.detach())}
                if self.response_weight_lambda is not None else {}),
             "time/generate": time_generate,
@@ -221,9 +208,7 @@ class Trainer:
             "time/update": time_update,
         }
         metrics = reduce_metrics(metrics, self.world)  # the same numbers on every process
-        if config.adaptive_kl_target is not None:  # the adaptive KL controller (Ziegler et al. 2019)
-            self.kl_coef = adaptive_kl_coef(self.kl_coef, metrics["objective/kl"], config.adaptive_kl_target,
-                                            metrics["num_completions"], config.adaptive_kl_horizon)
+        self.kl_control.update(metrics)  # the adaptive KL controller (Ziegler et al. 2019)
         self.step += 1
         if config.eval_every and (self.step % config.eval_every == 0 or self.step == config.max_steps):
             metrics["eval_accuracy"] = self.evaluate()
@@ -292,16 +277,13 @@ class Trainer:
         """The prompts' examples repeated once per completion, in the rollout's row order (B,)."""
         return [e for e in examples for _ in range(self.config.num_generations)]
 
-    def _rewards(self, examples, completions: list[str], batch: RolloutBatch, reward_fn=None,
-                 step: int | None = None) -> np.ndarray:
-        """``reward_fn``'s (default: the trainer's) reward of every completion, (B,) float64; a
-        wrong shape is an error, and so is a non-finite reward unless ``nonfinite_rewards=
-        "skip_group"`` (then the caller drops its group): it names the step (as metrics.jsonl counts
-        them, from 1: the step being sampled is ``step + 1``) and the completion."""
+    def _rewards(self, examples, completions: list[str], batch: RolloutBatch, step: int | None = None) -> np.ndarray:
+        """The reward of every completion by the trainer's ``reward_fn``, (B,) float64; a wrong shape is an error,
+        and so is a non-finite reward unless ``nonfinite_rewards="skip_group"`` (then the caller drops its group):
+        it names the step (as metrics.jsonl counts them, from 1: the step being sampled is ``step + 1``) and the
+        completion."""
         repeated = self._per_completion(examples)
-        reward_fn = reward_fn or self.reward_fn
-        rewards = np.asarray(reward_fn(repeated, completions, batch.truncated.tolist()),
-                             dtype=np.float64)
+        rewards = np.asarray(self.reward_fn(repeated, completions, batch.truncated.tolist()), dtype=np.float64)
         step = self.step if step is None else step
         if rewards.shape != (len(batch),):
             raise ValueError(f"step {step + 1}: the reward function must return {len(batch)} finite "
@@ -314,20 +296,13 @@ class Trainer:
     def evaluate(self, examples=None) -> float:
         """Sampled accuracy (one completion each, at ``config.temperature``) on held-out test problems (under
         ``torchrun``, each process samples a share of them)."""
-        examples = self._held_out if examples is None else examples
         world = self.world
-        if world.distributed:
-            examples = examples[world.rank * len(examples) // world.size:
-                                (world.rank + 1) * len(examples) // world.size]
+        examples = share_of(self._held_out if examples is None else examples, world)
         accuracy = sampled_accuracy(self.policy, self.tokenizer, self.task, examples,
                                     self.config.max_completion_length,
                                     seed=_seed(self.config.seed, -1, 0, world.rank),
                                     temperature=self.config.temperature) if examples else 0.0
-        if world.distributed:
-            correct, total = all_reduce_sum(torch.tensor([accuracy * len(examples), len(examples)],
-                                                         dtype=torch.float64, device=self.device), world).tolist()
-            accuracy = correct / total
-        return accuracy
+        return mean_over_ranks(accuracy, len(examples), world, self.device)
 
     # --- scoring: the old policy's numbers and the advantages ------------------------------------------------
 
@@ -335,68 +310,23 @@ class Trainer:
     def score(self, rollout: Rollout) -> ScoredRollout:
         """Old log-probs (and the reference's and the critic's), the rewards after shaping, the
         task's verdict, and the advantages of ``ESTIMATORS[config.advantage_estimator]``."""
-        config, batch = self.config, rollout.batch
+        config, batch, world, metrics = self.config, rollout.batch, self.world, {}
         mask = batch.completion_mask.float()
-        input_ids, attention_mask = batch.input_ids, batch.attention_mask
-        metrics = {}
-        # The task's rule decides what is correct (the gold metric), also when a reward model or a
-        # proxy with a bonus (Task.length_bonus) gives the reward.
-        correct = torch.as_tensor([self.task.is_correct(e, c, t) for e, c, t in zip(
-            self._per_completion(rollout.examples), rollout.completions, batch.truncated.tolist())],
-            device=self.device)
-        rewards = rollout.rewards
+        correct = self._verdicts(rollout)
         # DAPO's soft overlong punishment, added to the reward
-        if config.overlong_buffer_length is not None:
-            rewards = rewards + soft_overlong_penalty(batch.lengths.cpu().numpy(),
-                                                      config.max_completion_length,
-                                                      config.overlong_buffer_length)
-        scores = torch.as_tensor(rewards, dtype=torch.float32, device=self.device)
+        rewards = shape_rewards(rollout, config)
         # Overlong filtering (DAPO): a completion cut off at the budget gets no loss; its reward
         # still counts in its group's mean and std.
         loss_mask = (mask * (~batch.truncated)[:, None] if config.mask_truncated_completions
                      else mask)
-        with autocast(self.device):
-            # The sampler's log-probs are the behaviour policy's; with several updates per
-            # rollout, a sampler at another temperature, or arithmetic below float32 (bf16
-            # autocast on a GPU: the cached decode and the training forward round differently)
-            # we recompute them with the training forward pass, so that the first ratio is
-            # exactly 1 (as TRL does), unless old_logprobs="sampler". The sampler-mismatch
-            # correction compares the two, so it always recomputes (as TRL does with vLLM).
-            if config.old_logprobs == "learner" and (
-                    config.num_iterations > 1
-                    or config.steps_per_generation > config.gradient_accumulation_steps
-                    or config.sampling_temperature != config.temperature
-                    or config.vllm_importance_sampling_correction
-                    or low_precision(self.policy)):
-                old_logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask,
-                                             temperature=config.temperature)
-            else:
-                old_logp = batch.logprobs
-            ref_logp = None
-            if self.reference is not None:
-                ref_logp = sequence_logprobs(self.reference, input_ids, attention_mask, mask,
-                                             temperature=config.temperature)
-                k1 = kl_estimate(old_logp, ref_logp, "k1") * mask
-                metrics["objective/kl_per_token"] = masked_mean(k1, mask).item()
-                # per completion: what the controller aims at
-                metrics["objective/kl"] = k1.sum(-1).mean().item()
-            old_values = (token_values(self.value_model, input_ids, attention_mask, mask)
-                          if self.value_model else None)
-            # Routing Replay: the experts pi_old sends every token to, reused by the updates
-            routes = (expert_choices(self.policy, input_ids, attention_mask)
-                      if config.routing_replay else None)
-
+        old_logp, ref_logp, old_values, routes = self._old_numbers(batch, mask, metrics)
         # Where the KL penalty goes: into the per-token reward (PPO-RLHF: -beta k1 at every token),
         # or into the loss (GRPO: + beta k3 per token, in policy_loss).
-        reward_kl_coef = self.kl_coef if config.kl_placement == "reward" else 0.0
-        token_rewards = rlhf_token_rewards(scores, old_logp,
-                                           old_logp if ref_logp is None else ref_logp, mask,
-                                           reward_kl_coef)
-        sequence_rewards = token_rewards.sum(-1) if reward_kl_coef else scores
+        scores = torch.as_tensor(rewards, dtype=torch.float32, device=self.device)
+        token_rewards, sequence_rewards = self.kl_control.rewards(scores, old_logp, ref_logp, mask)
         # The estimator sees the whole step's batch: under torchrun, every process's rows
         # gathered (batch-level scaling, whitening and filters then equal one process's), and
         # this process's rows taken back.
-        world = self.world
         gathered = (gather_rows(x, world)
                     for x in (sequence_rewards, token_rewards, mask, batch.lengths))
         inputs = AdvantageInputs(*gathered, config.num_generations, gather_rows(old_values, world))
@@ -411,19 +341,57 @@ class Trainer:
         if estimate.keep is not None:
             loss_mask = loss_mask * estimate.keep[:, None]
         metrics.update(estimate.metrics)
-        # the sampler-mismatch correction: pi_old / pi_sampler per token or completion, truncated or
-        # masked, a weight on each token's policy loss (TRL's vllm_importance_sampling_*)
-        is_ratio = None
-        if config.vllm_importance_sampling_correction:
-            is_ratio = sampler_importance_weights(
-                old_logp, batch.logprobs, mask, config.vllm_importance_sampling_mode,
-                config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max)
-            metrics.update(_sampling_metrics(old_logp, batch.logprobs, is_ratio, mask,
-                                             config.vllm_importance_sampling_mode))
-        return ScoredRollout(rollout, input_ids, attention_mask, mask, loss_mask, mask.sum(-1),
-                             rewards, correct, old_logp, estimate.advantages, ref_logp, old_values,
-                             estimate.returns, metrics, routes, sampler_logp=batch.logprobs,
-                             importance_sampling_ratio=is_ratio)
+        is_ratio = self._sampler_correction(old_logp, batch.logprobs, mask, metrics)
+        return ScoredRollout(rollout, batch.input_ids, batch.attention_mask, mask, loss_mask,
+                             mask.sum(-1), rewards, correct, old_logp, estimate.advantages,
+                             ref_logp, old_values, estimate.returns, metrics, routes,
+                             sampler_logp=batch.logprobs, importance_sampling_ratio=is_ratio)
+
+    def _verdicts(self, rollout: Rollout) -> torch.Tensor:
+        """The task's rule decides what is correct (the gold metric), also when a reward model or a proxy with a
+        bonus (Task.length_bonus) gives the reward: (B,) bool."""
+        return torch.as_tensor([self.task.is_correct(e, c, t) for e, c, t in zip(
+            self._per_completion(rollout.examples), rollout.completions, rollout.batch.truncated.tolist())],
+            device=self.device)
+
+    def _old_numbers(self, batch: RolloutBatch, mask: torch.Tensor, metrics: dict) -> tuple:
+        """What the updates compare against, in the training forward's precision: pi_old's log-probs, the
+        reference's (the KL to it into ``metrics``), the critic's values, and the experts pi_old routes every token
+        to (Routing Replay: the updates reuse them).
+
+        The sampler's log-probs are the behaviour policy's; with several updates per rollout, a sampler at another
+        temperature, or arithmetic below float32 (bf16 autocast on a GPU: the cached decode and the training
+        forward round differently) we recompute them with the training forward pass, so that the first ratio is
+        exactly 1 (as TRL does), unless old_logprobs="sampler". The sampler-mismatch correction compares the two,
+        so it always recomputes (as TRL does with vLLM)."""
+        c, input_ids, attention_mask = self.config, batch.input_ids, batch.attention_mask
+        with autocast(self.device):  # (low_precision reads it)
+            if c.old_logprobs == "learner" and (
+                    c.num_iterations > 1 or c.steps_per_generation > c.gradient_accumulation_steps
+                    or c.sampling_temperature != c.temperature or c.vllm_importance_sampling_correction
+                    or low_precision(self.policy)):
+                old_logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask, temperature=c.temperature)
+            else:
+                old_logp = batch.logprobs
+            ref_logp = None
+            if self.reference is not None:
+                ref_logp = sequence_logprobs(self.reference, input_ids, attention_mask, mask, temperature=c.temperature)
+                metrics.update(reference_kl_metrics(old_logp, ref_logp, mask))
+            old_values = token_values(self.value_model, input_ids, attention_mask, mask) if self.value_model else None
+            routes = expert_choices(self.policy, input_ids, attention_mask) if c.routing_replay else None
+        return old_logp, ref_logp, old_values, routes
+
+    def _sampler_correction(self, old_logp, sampler_logp, mask, metrics: dict) -> torch.Tensor | None:
+        """The sampler-mismatch correction: pi_old / pi_sampler per token or completion, truncated or masked, a
+        weight on each token's policy loss (TRL's vllm_importance_sampling_*), with its ``sampling/*`` metrics
+        into ``metrics``; None when off."""
+        c = self.config
+        if not c.vllm_importance_sampling_correction:
+            return None
+        is_ratio = sampler_importance_weights(old_logp, sampler_logp, mask, c.vllm_importance_sampling_mode,
+                                              c.vllm_importance_sampling_clip_min, c.vllm_importance_sampling_clip_max)
+        metrics.update(sampling_metrics(old_logp, sampler_logp, is_ratio, mask, c.vllm_importance_sampling_mode))
+        return is_ratio
 
     # --- the update -----------------------------------------------------------------------------------------
 
@@ -431,17 +399,16 @@ class Trainer:
         """``num_iterations`` passes over the rollout in shuffled minibatches, one optimizer step
         per ``gradient_accumulation_steps`` micro-batches; stops early once ``approx_kl`` passes
         1.5 · ``early_stop_kl`` (Spinning Up's rule)."""
-        config, world = self.config, self.world
-        # Minibatches are drawn from one permutation of the step's global rows; under torchrun
-        # each process computes the rows of a minibatch that it holds (global rows first ..
-        # first + B_local - 1).
-        offsets = row_offsets(scored.mask.shape[0], world)
-        B, first, B_local = offsets[-1], offsets[world.rank], scored.mask.shape[0]
-        micro, accumulate = config.per_device_train_batch_size, config.gradient_accumulation_steps
+        config = self.config
+        # Minibatches are drawn from one permutation of the step's global rows (B of them; under
+        # torchrun each process computes the rows of a minibatch that it holds: _micro_batches).
+        offsets = row_offsets(scored.mask.shape[0], self.world)
+        B = offsets[-1]
+        rows_per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
         generator = torch.Generator().manual_seed(_seed(config.seed, self.step))
-        # Clip-Cov's random draw: its own stream (round 10**6 is no generation round's)
+        # Clip-Cov's random draw: its own stream
         self._covariance_generator = torch.Generator().manual_seed(
-            _seed(config.seed, self.step, 10**6))
+            _seed(config.seed, self.step, COVARIANCE_ROUND))
         sums: dict[str, list[float]] = {}
         models = [m for m in (self.policy, self.value_model) if m is not None]
         for model in models:
@@ -449,104 +416,83 @@ class Trainer:
         optimizer_steps, stopped = 0, False
         for _ in range(config.num_iterations):
             order = torch.randperm(B, generator=generator).to(self.device)
-            for start in range(0, B, micro * accumulate):
-                rows_of_step = order[start : start + micro * accumulate]
-                micro_batches = [rows_of_step[k : k + micro]
-                                 for k in range(0, len(rows_of_step), micro)]
-                counts = None
-                if world.distributed:
-                    micro_batches = [rows[(rows >= first) & (rows < first + B_local)] - first
-                                     for rows in micro_batches]
-                    counts = self._global_counts(scored, micro_batches)
-                    # the "dapo" loss's num_items_in_batch: every process's loss tokens of this step
-                    tokens_of_step = counts[:, 1].sum()
-                else:
-                    tokens_of_step = scored.loss_mask[rows_of_step].sum()
-                self.optimizer.zero_grad(set_to_none=True)
-                step_kl = []
-                for k, rows in enumerate(micro_batches):
-                    metrics = self._micro_batch_backward(scored, rows, tokens_of_step, value_only,
-                                                         None if counts is None else counts[k])
-                    for key, value in metrics.items():
-                        sums.setdefault(key, []).append(value)
-                    step_kl += [metrics["approx_kl"]] if "approx_kl" in metrics else []
-                if world.distributed:
-                    if self.response_weight_lambda is not None:  # trained outside DDP's module
-                        average_grad(self.response_weight_lambda, world)
-                    # every process decides on the mean over all of them
-                    if config.early_stop_kl is not None:
-                        kl = torch.tensor([sum(step_kl), len(step_kl)], dtype=torch.float64,
-                                          device=self.device)
-                        kl = all_reduce_sum(kl, world).tolist()
-                        step_kl = [kl[0] / kl[1]] if kl[1] else []
-                params = [p for group in self.optimizer.param_groups
-                          if group.get("name") != "lambda"
-                          for p in group["params"] if p.grad is not None]
-                if params:
-                    grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
-                    require_finite("the gradient norm", grad_norm, self.step)
-                    sums.setdefault("grad_norm", []).append(grad_norm.item())
-                    self.optimizer.step()
-                    optimizer_steps += 1
-                if self._entropy_bonus_on and not value_only:
-                    self._end_entropy_window()
+            for start in range(0, B, rows_per_step):
+                micro_batches, counts, tokens_of_step = self._micro_batches(
+                    scored, order[start : start + rows_per_step], offsets)
+                step_kl = self._accumulate_gradients(scored, micro_batches, counts, tokens_of_step,
+                                                     value_only, sums)
+                optimizer_steps += self._optimizer_step(sums)
+                if self.entropy_control.on and not value_only:
+                    self.entropy_control.end_window(self.world, self.device)
                     # logged after the update, as TRL does
                     sums.setdefault("entropy_coef", []).append(self.entropy_coef)
-                if (config.early_stop_kl is not None and step_kl
-                        and np.mean(step_kl) > 1.5 * config.early_stop_kl):
+                if moved_too_far(step_kl, config.early_stop_kl, self.world, self.device):
                     stopped = True  # the policy has moved far enough from the one that sampled
                     break
             if stopped:
                 break
         for model in models:
             model.eval()
-        reduced = {key: float(np.mean(values)) for key, values in sums.items()}
-        for key, extreme in (("ratio/min", np.min), ("ratio/max", np.max)):  # over the whole update
-            if key in sums:
-                reduced[key] = float(extreme(sums[key]))
-        reduced["optimizer_steps"] = optimizer_steps
-        if config.early_stop_kl is not None:
-            reduced["early_stopped"] = float(stopped)
-        return reduced
+        return update_summary(sums, optimizer_steps,
+                              stopped if config.early_stop_kl is not None else None)
 
-    @property
-    def _entropy_bonus_on(self) -> bool:
-        return self.config.entropy_coef != 0.0 or self.config.use_adaptive_entropy
+    def _micro_batches(self, scored: ScoredRollout, rows_of_step: torch.Tensor, offsets: list[int]) -> tuple:
+        """An optimizer step's global rows cut into micro-batches of this process's rows (global rows first ..
+        first + B_local - 1 under torchrun), with what their losses divide by: under torchrun each micro-batch's
+        counts over all processes (:func:`rlbook.distributed.global_counts`) and every process's loss tokens of
+        the step (the "dapo" loss's num_items_in_batch); on one process no counts and the step's own loss
+        tokens."""
+        micro, world = self.config.per_device_train_batch_size, self.world
+        micro_batches = [rows_of_step[k : k + micro] for k in range(0, len(rows_of_step), micro)]
+        if not world.distributed:
+            return micro_batches, [None] * len(micro_batches), scored.loss_mask[rows_of_step].sum()
+        first, B_local = offsets[world.rank], scored.mask.shape[0]
+        micro_batches = [rows[(rows >= first) & (rows < first + B_local)] - first for rows in micro_batches]
+        # the counts each micro-batch's losses divide by, of its kept rows over all processes, (k, 4)
+        counts = global_counts(scored, [self._kept_rows(scored, rows) for rows in micro_batches], world)
+        return micro_batches, counts, counts[:, 1].sum()
 
-    def _end_entropy_window(self) -> None:
-        """At an optimizer step's end: the step's mean token entropy (over every process) and, with
-        ``use_adaptive_entropy``, the next step's coefficient (:func:`rlbook.objectives.adaptive_entropy_coef`)."""
-        config = self.config
-        window = torch.tensor(self._entropy_window, dtype=torch.float64, device=self.device)
-        if self.world.distributed:
-            window = all_reduce_sum(window, self.world)
-        self._entropy_window = [0.0, 0.0]
-        if window[1] == 0:
-            return
-        self.last_entropy = float(window[0] / window[1])
-        if config.use_adaptive_entropy:
-            self.entropy_coef = adaptive_entropy_coef(
-                self.entropy_coef, self.last_entropy, entropy_target=config.entropy_target,
-                entropy_coef_delta=config.entropy_coef_delta, entropy_coef_min=config.entropy_coef_min,
-                entropy_coef_max=config.entropy_coef_max)
+    def _accumulate_gradients(self, scored, micro_batches, counts, tokens_of_step, value_only, sums) -> list:
+        """One optimizer step's micro-batches backpropagated into zeroed gradients, their metrics appended to
+        ``sums``; returns their ``approx_kl`` values (for the early stop)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        step_kl = []
+        for rows, count in zip(micro_batches, counts):
+            metrics = self._micro_batch_backward(scored, rows, tokens_of_step, value_only, count)
+            for key, value in metrics.items():
+                sums.setdefault(key, []).append(value)
+            step_kl += [metrics["approx_kl"]] if "approx_kl" in metrics else []
+        return step_kl
+
+    def _optimizer_step(self, sums: dict) -> int:
+        """λ's gradient averaged by hand under torchrun (it is trained outside DDP's module); the other gradients'
+        norm clipped at ``max_grad_norm`` and checked; one AdamW step. Returns the steps taken (0 when no
+        parameter has a gradient)."""
+        if self.world.distributed and self.response_weight_lambda is not None:
+            average_grad(self.response_weight_lambda, self.world)
+        params = [p for group in self.optimizer.param_groups if group.get("name") != "lambda"
+                  for p in group["params"] if p.grad is not None]
+        if not params:
+            return 0
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        require_finite("the gradient norm", grad_norm, self.step)
+        sums.setdefault("grad_norm", []).append(grad_norm.item())
+        self.optimizer.step()
+        return 1
 
     def _kept_rows(self, scored: ScoredRollout, rows: torch.Tensor) -> torch.Tensor:
         """``rows`` without those that have no loss token (GFPO's filtered-out, DAPO's overlong), which add
         nothing, unless a value model still learns from them."""
         return rows if self.value_model is not None else rows[scored.loss_mask[rows].any(-1)]
 
-    def _global_counts(self, scored: ScoredRollout, micro_batches: list[torch.Tensor]) -> torch.Tensor:
-        """Under torchrun: the counts each micro-batch's losses divide by, of its kept rows over all processes,
-        (k, 4) (:func:`rlbook.distributed.global_counts`)."""
-        return global_counts(scored, [self._kept_rows(scored, rows) for rows in micro_batches], self.world)
-
     def _micro_batch_backward(self, scored: ScoredRollout, rows, tokens_of_step,
                               value_only=False, counts=None) -> dict:
-        """The loss of one micro-batch (policy loss, VAPO's NLL, the value loss), backpropagated;
-        its metrics. Under torchrun ``counts`` holds the micro-batch's counts over all processes
-        (:meth:`_global_counts`), and each loss is rescaled from this process's count to them
-        (:func:`rlbook.distributed.global_share`)."""
-        config, accumulate, world = self.config, self.config.gradient_accumulation_steps, self.world
+        """The loss of one micro-batch (policy loss, entropy bonus, VAPO's NLL, the value loss),
+        backpropagated; its metrics. Each loss is multiplied by its share of the whole batch's
+        (:func:`rlbook.distributed.micro_batch_shares`): exactly 1 on one process; under torchrun
+        ``counts`` holds the micro-batch's counts over all processes (:meth:`_micro_batches`), and
+        the share rescales the loss from this process's count to them."""
+        config, accumulate = self.config, self.config.gradient_accumulation_steps
         rows = self._kept_rows(scored, rows)
         if counts is not None:
             if counts[0] == 0:  # no process has a row to learn from: no backward anywhere
@@ -554,70 +500,71 @@ class Trainer:
             if len(rows) == 0:  # others have: a forward DDP can wait on, whose gradient is 0
                 return self._empty_backward(scored, value_only)
         mask, loss_mask = scored.mask[rows], scored.loss_mask[rows]
-        input_ids, attention_mask = scored.input_ids[rows], scored.attention_mask[rows]
-        metrics, loss = {}, torch.zeros((), device=self.device)
+        shares = micro_batch_shares(aggregation_of(config).divides_by, loss_mask,
+                                    scored.correct[rows], mask, counts, self.world)
         # no policy loss when every completion here was filtered out
         with_policy = not value_only and bool(loss_mask.any())
-        with_entropy = with_policy and (config.top_entropy_quantile < 1.0 or self._entropy_bonus_on)
+        with_entropy = with_policy and (config.top_entropy_quantile < 1.0
+                                        or self.entropy_control.on)
+        metrics, loss = {}, torch.zeros((), device=self.device)
         with autocast(self.device):
             routes = None if scored.routes is None else scored.routes[:, rows]
             logp, values, entropies = self._learner(
-                input_ids, attention_mask, mask, config.temperature, with_policy=with_policy,
-                routes=routes, with_entropy=with_entropy)
+                scored.input_ids[rows], scored.attention_mask[rows], mask, config.temperature,
+                with_policy=with_policy, routes=routes, with_entropy=with_entropy)
             if with_policy:
-                require_finite("the policy's log-probs (logp)", logp[loss_mask.bool()], self.step)
-                # the high-entropy minority: the tokens that keep their policy loss
-                entropy_mask = (high_entropy_mask(entropies, loss_mask, config.top_entropy_quantile)
-                                if config.top_entropy_quantile < 1.0 else None)
-                kl_in_loss = self.kl_coef if config.kl_placement == "loss" else 0.0
-                weights = None
                 # λ-GRPO: the weights of whole groups, then these rows'
-                if self.response_weight_lambda is not None:
-                    weights = lambda_grpo_weights(scored.lengths, config.num_generations,
-                                                  self.response_weight_lambda,
-                                                  config.lambda_grpo_r)[rows]
-                batch = LossBatch(
-                    logp, scored.old_logp[rows], scored.advantages[rows], loss_mask,
-                    ref_logp=scored.ref_logp[rows] if kl_in_loss else None,
-                    sampler_logp=(scored.sampler_logp[rows]
-                                  if config.off_policy_mask_threshold is not None else None),
-                    importance_sampling_ratio=(None if scored.importance_sampling_ratio is None
-                                               else scored.importance_sampling_ratio[rows]),
-                    entropy_mask=entropy_mask, response_weights=weights,
-                    num_items_in_batch=tokens_of_step, generator=self._covariance_generator)
-                loss, metrics = policy_loss(batch, config, kl_in_loss)
-                require_finite("the policy loss", loss, self.step)
-                metrics["loss/policy"] = loss.item()
-                if counts is not None:  # this process's share of the loss over all processes' rows
-                    loss = loss * loss_share(aggregation_of(config).divides_by, len(rows),
-                                             loss_mask.sum(), counts, world)
-                if self._entropy_bonus_on:  # over the tokens the policy loss uses, as TRL
-                    tokens = loss_mask.bool() if entropy_mask is None else entropy_mask
-                    adaptive = config.use_adaptive_entropy
-                    applied = (self.entropy_coef if not adaptive
-                               or self.last_entropy <= config.entropy_target else 0.0)
-                    loss = loss + entropy_bonus_loss(entropies, tokens, applied, accumulate)
-                    self._entropy_window[0] += float((entropies.detach() * tokens).sum())
-                    self._entropy_window[1] += float(tokens.sum())
+                weights = (None if self.response_weight_lambda is None else lambda_grpo_weights(
+                    scored.lengths, config.num_generations, self.response_weight_lambda,
+                    config.lambda_grpo_r)[rows])
+                loss, metrics = self._policy_terms(scored, rows, logp, entropies, weights,
+                                                   tokens_of_step, shares.policy)
                 nll = (positive_example_nll(logp, loss_mask, scored.correct[rows])
                        if config.nll_coef > 0 else None)
                 if nll is not None:  # VAPO: imitate the correct completions too
                     metrics["loss/nll"] = nll.item()
-                    if counts is not None:
-                        correct_tokens = (loss_mask * scored.correct[rows, None]).sum()
-                        nll = nll * global_share(correct_tokens, counts[2], world)
-                    loss = loss + config.nll_coef * nll / accumulate
+                    loss = loss + config.nll_coef * (nll * shares.nll) / accumulate
             if values is not None:
-                v_loss = value_loss(values, scored.old_values[rows], scored.returns[rows], mask,
-                                    config.cliprange_value)
-                require_finite("the value loss", v_loss, self.step)
-                metrics["loss/value"] = v_loss.item()
-                if counts is not None:
-                    v_loss = v_loss * global_share(mask.sum(), counts[3], world)
+                v_loss = self._value_loss(scored, rows, values, metrics) * shares.value
                 loss = loss + config.vf_coef * v_loss / accumulate
         if loss.requires_grad:
             loss.backward()
         return metrics
+
+    def _policy_terms(self, scored, rows, logp, entropies, weights, tokens_of_step, share) -> tuple:
+        """The family's policy loss of a micro-batch (:func:`rlbook.losses.policy_loss`, its KL term included
+        when ``kl_placement="loss"``, on the high-entropy tokens alone when ``top_entropy_quantile < 1``) times
+        its ``share``, plus the entropy bonus over the tokens that loss uses (as TRL); and the loss's metrics."""
+        config, loss_mask = self.config, scored.loss_mask[rows]
+        require_finite("the policy's log-probs (logp)", logp[loss_mask.bool()], self.step)
+        # the high-entropy minority: the tokens that keep their policy loss
+        entropy_mask = (high_entropy_mask(entropies, loss_mask, config.top_entropy_quantile)
+                        if config.top_entropy_quantile < 1.0 else None)
+        kl_in_loss = self.kl_control.in_loss
+        batch = LossBatch(
+            logp, scored.old_logp[rows], scored.advantages[rows], loss_mask,
+            ref_logp=scored.ref_logp[rows] if kl_in_loss else None,
+            sampler_logp=scored.sampler_logp[rows] if config.off_policy_mask_threshold is not None else None,
+            importance_sampling_ratio=(None if scored.importance_sampling_ratio is None
+                                       else scored.importance_sampling_ratio[rows]),
+            entropy_mask=entropy_mask, response_weights=weights,
+            num_items_in_batch=tokens_of_step, generator=self._covariance_generator)
+        loss, metrics = policy_loss(batch, config, kl_in_loss)
+        require_finite("the policy loss", loss, self.step)
+        metrics["loss/policy"] = loss.item()
+        loss = loss * share  # this process's share of the loss over all processes' rows
+        if self.entropy_control.on:  # over the tokens the policy loss uses, as TRL
+            tokens = loss_mask.bool() if entropy_mask is None else entropy_mask
+            loss = loss + self.entropy_control.bonus(entropies, tokens, config.gradient_accumulation_steps)
+        return loss, metrics
+
+    def _value_loss(self, scored, rows, values, metrics: dict) -> torch.Tensor:
+        """The value loss of a micro-batch, clipped by ``cliprange_value``; ``loss/value`` into ``metrics``."""
+        v_loss = value_loss(values, scored.old_values[rows], scored.returns[rows], scored.mask[rows],
+                            self.config.cliprange_value)
+        require_finite("the value loss", v_loss, self.step)
+        metrics["loss/value"] = v_loss.item()
+        return v_loss
 
     def _empty_backward(self, scored: ScoredRollout, value_only: bool) -> dict:
         """Under torchrun, a micro-batch that holds none of this process's rows while others' hold some: DDP
@@ -641,7 +588,7 @@ class Trainer:
         for k in range(steps):
             timer = time.perf_counter()
             # its own seed stream, apart from training steps'
-            scored = self.score(self.sample_rollout(10**6 + k))
+            scored = self.score(self.sample_rollout(PRETRAIN_STEPS + k))
             metrics = {"step": k + 1, **scored.metrics, **self.update(scored, True)}
             metrics["time/pretrain"] = time.perf_counter() - timer
             metrics = reduce_metrics(metrics, self.world)
@@ -671,19 +618,6 @@ class Trainer:
         another config ``ValueError``."""
         restore_trainer_state(self, read_checkpoint(path, self.device))
         return self
-
-
-def _sampling_metrics(old_logp, sampler_logp, weights, mask, mode: str) -> dict:
-    """TRL's ``sampling/*`` metrics of the sampler-mismatch correction: |log pi_old - log pi_sampler| over the
-    completion tokens, and the correction's weights (one per completion at the sequence level, as TRL counts)."""
-    mask = mask.bool()
-    difference = (old_logp - sampler_logp).abs()[mask]
-    kept = weights[:, 0] if mode.startswith("sequence") else weights[mask]
-    return {"sampling/sampling_logp_difference/mean": difference.mean().item(),
-            "sampling/sampling_logp_difference/max": difference.max().item(),
-            "sampling/importance_sampling_ratio/min": kept.min().item(),
-            "sampling/importance_sampling_ratio/mean": kept.mean().item(),
-            "sampling/importance_sampling_ratio/max": kept.max().item()}
 
 
 def _seed(seed: int, step: int, round_: int = 0, rank: int = 0) -> int:
