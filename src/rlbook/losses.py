@@ -139,7 +139,8 @@ def _no_clip(batch: LossBatch) -> torch.Tensor:
 
 @surrogate("clip", clipped=True)
 def ppo_clip(b: LossBatch, log_rho: torch.Tensor, c: RLConfig) -> TokenLosses:
-    """PPO-Clip (eq-ppo-clip), with clip-higher and TRL's two-sided ``delta``: PPO, GRPO, DAPO, Dr. GRPO, GSPO."""
+    """PPO-Clip (eq-ppo-clip), with clip-higher and TRL's two-sided ``delta``: the surrogate of
+    PPO, GRPO, DAPO, Dr. GRPO, GSPO and LUSPO."""
     ratio = torch.exp(log_rho)
     loss, low, high = clipped_surrogate(ratio, b.advantages, c.epsilon, _epsilon_high(c), c.delta)
     metrics = {}
@@ -187,10 +188,12 @@ def _vespo_token_correction(c: RLConfig) -> str | None:
     return None
 
 
-@surrogate("vespo", token_levels=("token",), weighs_sampler=True, check=_vespo_token_correction)
+@surrogate("vespo", token_levels=("token",), weighs_sampler=True,
+           check=_vespo_token_correction)
 def vespo(b: LossBatch, log_rho: torch.Tensor, c: RLConfig) -> TokenLosses:
-    """VESPO (TRL 1.16's ``loss_type="vespo"``): a detached Gamma weight φ of the sequence's likelihood ratio
-    times A log π, in place of the clip (:func:`rlbook.objectives.vespo_weights`)."""
+    """VESPO (TRL 1.16's ``loss_type="vespo"``): a detached Gamma weight φ of the sequence's
+    likelihood ratio times A log π, in place of the clip
+    (:func:`rlbook.objectives.vespo_weights`)."""
     phi = vespo_weights(log_rho, b.advantages, b.mask, b.importance_sampling_ratio, c.vespo_k_pos,
                         c.vespo_lambda_pos, c.vespo_k_neg, c.vespo_lambda_neg)
     metrics = {"vespo/phi_seq_mean": phi[:, 0].mean().item()}
@@ -218,18 +221,20 @@ class Aggregation:
 
 AGGREGATIONS: dict[str, Aggregation] = {
     # GRPO: each completion's token mean, averaged over completions (eq-grpo-objective)
-    "completion_token_mean": Aggregation(lambda loss, b, c: completion_token_mean(loss, b.mask), "completions"),
+    "completion_token_mean": Aggregation(
+        lambda loss, b, c: completion_token_mean(loss, b.mask), "completions"),
     # PPO (TRL's bnpo): the micro-batch's token mean
     "token_mean": Aggregation(lambda loss, b, c: token_mean(loss, b.mask), "tokens"),
     # Dr. GRPO: Σ / (B · max_completion_length), a constant (eq-drgrpo-weights)
     "constant_normaliser": Aggregation(
-        lambda loss, b, c: constant_normaliser(loss, b.mask, c.max_completion_length), "completions"),
+        lambda loss, b, c: constant_normaliser(loss, b.mask, c.max_completion_length),
+        "completions"),
     # DAPO: Σ / the step's loss tokens (eq-dapo-objective)
     "global_token_mean": Aggregation(
         lambda loss, b, c: global_token_mean(loss, b.mask, b.num_items_in_batch), "step_tokens"),
-    # LUSPO: each completion's token *sum*, averaged over completions (its loss scales with its length)
-    "completion_token_sum_mean": Aggregation(lambda loss, b, c: masked_sum(loss, b.mask, dim=-1).mean(),
-                                             "completions"),
+    # LUSPO: each completion's token *sum*, averaged over completions (scales with its length)
+    "completion_token_sum_mean": Aggregation(
+        lambda loss, b, c: masked_sum(loss, b.mask, dim=-1).mean(), "completions"),
     # GMPO: one loss a row, averaged
     "completion_mean": Aggregation(lambda loss, b, c: loss.mean(), "completions"),
 }
@@ -298,11 +303,12 @@ def sampler_weight(b: LossBatch, c: RLConfig, term: TokenLosses):
 TOKEN_WEIGHTS = (clip_cov_weight, off_policy_weight, entropy_weight, sampler_weight)
 
 
-def policy_loss(b: LossBatch, c: RLConfig, kl_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
-    """The family's objective for one micro-batch (eq-family-surrogate), slot by slot, in TRL's order: the ratio,
-    the surrogate, × each token weight, + ``kl_coef``·k3 to the reference, × the response weights, aggregated.
-    Returns ``(loss, metrics)``; the loss is divided by ``gradient_accumulation_steps`` unless its aggregation
-    already divides by the whole step's tokens."""
+def policy_loss(b: LossBatch, c: RLConfig,
+                kl_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """The family's objective for one micro-batch (eq-family-surrogate), slot by slot, in TRL's
+    order: the ratio, the surrogate, × each token weight, + ``kl_coef``·k3 to the reference, ×
+    the response weights, aggregated. Returns ``(loss, metrics)``; the loss is divided by
+    ``gradient_accumulation_steps`` unless its aggregation divides by the whole step's tokens."""
     chosen = SURROGATES[surrogate_of(c)]
     _require(not (chosen.per_completion and b.token_weights_given),
              per_completion_refuses(c.loss_type, b.token_weights_given))

@@ -547,8 +547,9 @@ def cispo_surrogate(
     log-likelihood, not PPO's surrogate; only its gradient means something.
 
     MiniMax-M1 writes the range [1 − ε_low^IS, 1 + ε_high^IS] and sets ε_low^IS large (no lower
-    bound). TRL's ``loss_type="cispo"`` (:func:`rlbook.losses.cispo`) caps the weight at ``epsilon_high``
-    itself, not 1 + ``epsilon_high`` (ScaleRL's ε_max, 5.0 there), with no lower bound:
+    bound). TRL's ``loss_type="cispo"`` (:func:`rlbook.losses.cispo`) caps the weight at
+    ``epsilon_high`` itself, not 1 + ``epsilon_high`` (ScaleRL's ε_max, 5.0 there), with no lower
+    bound:
     ``max_weight=epsilon_high``, ``min_weight=None``.
 
     Returns ``(loss, low, high)``: where the weight was capped, ``low`` = ρ < ``min_weight``,
@@ -594,7 +595,8 @@ def sapo_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, temperature_po
 
 def vespo_weights(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                   importance_sampling_ratio: torch.Tensor | None = None, k_pos: float = 2.0,
-                  lambda_pos: float = 3.0, k_neg: float = 3.0, lambda_neg: float = 2.0) -> torch.Tensor:
+                  lambda_pos: float = 3.0, k_neg: float = 3.0,
+                  lambda_neg: float = 2.0) -> torch.Tensor:
     """VESPO's weight of each completion (Variational Sequence-Level Soft Policy Optimization, arXiv
     2602.10693; TRL 1.16's ``loss_type="vespo"``, eq-after-vespo), (B, 1), detached: a Gamma-shaped
     function of the sequence's likelihood ratio w = Π_t ρ_t, normalised so that φ(1) = 1,
