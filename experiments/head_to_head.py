@@ -57,7 +57,8 @@ import numpy as np
 
 from rlbook.callbacks import TrainerCallback
 from rlbook.evaluation import HeldOutEvaluation
-from rlbook.experiment import Arm, mean_interval, provenance, run_experiment, train_run
+from rlbook.experiment import Arm, provenance, run_experiment, train_run
+from rlbook.stats import mean_interval
 
 RESULTS = Path(__file__).parent / "results" / "head_to_head.json"  # the fair comparison's confirmation
 SHARED_RATE_RESULTS = Path(__file__).parent / "results" / "exploratory" / "head_to_head_shared_rate.json"
@@ -435,7 +436,7 @@ NOT_TESTABLE = {
 def at_equal_samples(result: dict, organism: str, algorithm: str, metric: str = "expected_accuracy") -> np.ndarray:
     """One value per seed of ``metric`` at the organism's sample budget (steps x :data:`BATCH`), interpolated
     between evaluations; a diverged run's last evaluation is carried forward to the budget."""
-    from rlbook.organisms import metric_at_budget
+    from rlbook.stats import metric_at_budget
 
     budget = (result["common"].get("max_steps") or SETTINGS[organism]["settings"]["max_steps"]) * BATCH
     runs = []
@@ -493,7 +494,7 @@ def verdicts(result: dict, memory: dict | None = None) -> list[dict]:
     """The plan's eight recommendations judged on the confirmation ``result`` (``memory``: peak MiB added per
     algorithm on length inflation, from the memory pass), Holm over the thirteen tests. One entry per row and
     arm, in the file's layout (``difference``: mean and unadjusted 95 % interval; ``adjusted``: Holm's)."""
-    from rlbook.evaluation import holm_intervals
+    from rlbook.stats import holm_intervals
 
     tests, nulls = verdict_tests(result)
     held = holm_intervals(tests, nulls)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from rlbook.evaluation import HeldOutEvaluation
 from rlbook.experiment import add_plan_arguments, run_experiment, seeds_of, train_run
-from rlbook.organisms import ORGANISMS, baseline_change, baseline_level, gate_holds, get_organism
+from rlbook.organisms import ORGANISMS, get_organism
+from rlbook.stats import baseline_change, baseline_level, gate_holds
 
 RESULTS = Path(__file__).parent / "results"
 LOGGED = ("accuracy", "entropy", "completions/mean_length", "completions/clipped_ratio", "clip_ratio/region_mean",

@@ -8,9 +8,10 @@ import torch
 from scipy import stats
 
 from rlbook.checkpoints import RECIPES, load_base_policy
-from rlbook.evaluation import (PolicyEvaluation, detectable_effect, evaluate_policy, holm_intervals,
-                               paired_difference, paired_t_power, prompt_interval, seeds_needed)
+from rlbook.evaluation import PolicyEvaluation, evaluate_policy
 from rlbook.rollout import generate_rollouts
+from rlbook.stats import (detectable_effect, holm_intervals, mean_interval, paired_difference, paired_t_power,
+                          prompt_interval, seeds_needed)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -155,8 +156,6 @@ def test_bad_arguments_are_clear_errors(arithmetic):
 
 
 def test_mean_interval_without_spread_is_the_mean_itself():
-    from rlbook.experiment import mean_interval
-
     assert mean_interval([29.24] * 5) == (29.24, 29.24, 29.24)  # no NaN from a zero standard error
     mean, low, high = mean_interval([1.0, 2.0, 3.0])
     assert low < mean == 2.0 < high

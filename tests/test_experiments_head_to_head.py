@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from experiment_scripts import EXPERIMENTS, load_script, load_stored, record_keys
 
-from rlbook.organisms import metric_at_budget
+from rlbook.stats import metric_at_budget
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SHARED_RATE = "exploratory/head_to_head_shared_rate"  # the exploratory run at one shared learning rate

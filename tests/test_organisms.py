@@ -10,8 +10,8 @@ from experiment_scripts import EXPERIMENTS, load_script, load_stored
 from scipy import stats
 
 from rlbook.experiment import Arm
-from rlbook.organisms import (ORGANISMS, Organism, baseline_change, gate_holds, get_organism, metric_at_budget,
-                              phenomenon)
+from rlbook.organisms import ORGANISMS, Organism, get_organism, phenomenon
+from rlbook.stats import baseline_change, gate_holds, metric_at_budget
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

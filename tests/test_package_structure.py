@@ -81,3 +81,62 @@ def test_no_import_cycles():
     assert "rlbook.trainer" in graph and "rlbook.callbacks" in graph["rlbook.trainer"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def all_imports(path: Path) -> set[str]:
+    """Every module ``path`` names in an import, also inside functions (a lazy import still ties two modules)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_no_module_of_the_package_imports_the_organism_registry():
+    """``rlbook.organisms`` (the organisms' registration data) sits on top of the package: no other module of
+    ``src/rlbook`` imports it, not even inside a function (``plotting`` reads series through ``rlbook.stats``)."""
+    importers = sorted(module_name(path) for path in PACKAGE.rglob("*.py")
+                       if path.name != "organisms.py" and "rlbook.organisms" in all_imports(path))
+    assert importers == []
+
+
+def test_importing_the_core_leaves_the_organism_registry_unloaded():
+    """In a fresh interpreter, importing every module of the package but ``rlbook.organisms`` (and the ``__main__``
+    entry points) does not load ``rlbook.organisms``."""
+    import subprocess
+    import sys
+
+    script = ("import importlib, pkgutil, sys, rlbook\n"
+              "names = sorted(m.name for m in pkgutil.walk_packages(rlbook.__path__, 'rlbook.')\n"
+              "               if m.name != 'rlbook.organisms' and not m.name.endswith('.__main__'))\n"
+              "for name in names:\n"
+              "    importlib.import_module(name)\n"
+              "print(len(names), 'rlbook.organisms' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert int(out[0]) > 30 and out[1] == "False"
+
+
+def test_the_statistics_have_one_home_and_the_old_paths_still_reach_it():
+    """Each statistic is defined in ``rlbook.stats`` only; its old homes (read by the chapters and experiments)
+    re-export the same function."""
+    import rlbook.evaluation
+    import rlbook.experiment
+    import rlbook.organisms
+    import rlbook.stats
+
+    old_homes = {rlbook.evaluation: ["prompt_interval", "paired_difference", "paired_t_power", "seeds_needed",
+                                     "detectable_effect", "holm_intervals"],
+                 rlbook.experiment: ["mean_interval"],
+                 rlbook.organisms: ["metric_at", "eval_series", "metric_at_budget", "baseline_change",
+                                    "baseline_level", "gate_holds", "paired_difference"]}
+    for module, names in old_homes.items():
+        for name in names:
+            function = getattr(module, name)
+            assert function is getattr(rlbook.stats, name) and function.__module__ == "rlbook.stats", (module, name)
+    for module in old_homes:  # no second definition left behind
+        defined = {node.name for node in ast.parse(Path(module.__file__).read_text()).body
+                   if isinstance(node, ast.FunctionDef)}
+        assert not defined & set(vars(rlbook.stats)), (module.__name__, defined & set(vars(rlbook.stats)))

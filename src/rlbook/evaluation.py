@@ -5,7 +5,7 @@ as most effects the book looks for. :func:`evaluate_policy` instead samples ``k`
 held-out prompts (1,000 or more in an experiment) and keeps every verdict, so that
 
 - the **expected accuracy** (mean correctness over all ``P * k`` samples) has the sampling noise of ``P * k``
-  draws, and its interval can be taken over prompts (:func:`prompt_interval`, a scipy bootstrap);
+  draws, and its interval can be taken over prompts (:func:`rlbook.stats.prompt_interval`, a scipy bootstrap);
 - pass@k, the mean length of the correct and of the wrong answers, the token entropy of the sampling
   distribution and the number of *distinct* correct answers per prompt come from the same samples;
 - given a base policy, the **KL to the base**, KL(pi || pi_base), estimated on the same samples as the mean over
@@ -14,15 +14,16 @@ held-out prompts (1,000 or more in an experiment) and keeps every verdict, so th
 
 Arms of an experiment are compared on **paired seeds**: the same held-out prompts and the same sampling stream
 (``seed``) for every arm, so that the difference between two arms is not diluted by which prompts or random
-numbers each drew. :func:`paired_difference` gives the interval of such a difference over training seeds and
-:func:`seeds_needed` how many seeds an effect of a given size needs, from a pilot's per-seed spread (power from the
-noncentral t, :func:`paired_t_power`); :func:`holm_intervals` corrects several such differences for multiplicity.
+numbers each drew. The statistics of such comparisons live in :mod:`rlbook.stats` (re-exported here, their old
+home): :func:`~rlbook.stats.paired_difference` gives the interval of such a difference over training seeds and
+:func:`~rlbook.stats.seeds_needed` how many seeds an effect of a given size needs, from a pilot's per-seed spread
+(power from the noncentral t, :func:`~rlbook.stats.paired_t_power`); :func:`~rlbook.stats.holm_intervals` corrects
+several such differences for multiplicity.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,8 @@ import torch
 from rlbook.callbacks import TrainerCallback
 from rlbook.lm import autocast
 from rlbook.rollout import generate_rollouts, sequence_logprobs
+from rlbook.stats import (  # noqa: F401  re-exported: the old home of the intervals, differences and power
+    detectable_effect, holm_intervals, paired_difference, paired_t_power, prompt_interval, seeds_needed)
 from rlbook.tasks.base import Task, check_int
 from rlbook.tasks.evaluate import pass_at_k
 
@@ -185,144 +188,6 @@ def evaluate_policy(model, tokenizer, task: Task, examples, *, num_samples: int 
                             truncated=np.concatenate(truncated).astype(bool),
                             entropy_sum=np.concatenate(entropy_sum), distinct_correct=np.array(distinct),
                             kl_sum=np.concatenate(kl_sum) if base_model is not None else None)
-
-
-def prompt_interval(values, confidence: float = 0.95, seed: int = 0, n_resamples: int = 2000):
-    """Mean of per-prompt ``values`` (e.g. ``per_prompt_accuracy()``) and its bootstrap interval over prompts
-    (``scipy.stats.bootstrap``, BCa), ``(mean, low, high)``: the evaluation noise of one trained policy."""
-    from scipy import stats
-
-    values = np.asarray(values, dtype=float)
-    if values.ndim != 1 or values.size < 2:
-        raise ValueError(f"prompt_interval needs a 1-D array of at least 2 per-prompt values, got {values.shape}")
-    if not np.isfinite(values).all():
-        raise ValueError("prompt_interval got NaN or infinite values")
-    mean = float(values.mean())
-    if np.all(values == values[0]):
-        return mean, mean, mean
-    result = stats.bootstrap((values,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
-                             random_state=np.random.default_rng(seed))
-    return mean, float(result.confidence_interval.low), float(result.confidence_interval.high)
-
-
-def paired_difference(baseline, fix, confidence: float = 0.95):
-    """Mean of ``fix - baseline`` over paired training seeds and its Student-t interval (scipy),
-    ``(mean, low, high)``: both arrays hold one number per seed, seed ``i`` of each arm trained and evaluated
-    with the same seed. The interval is the mean itself for a single seed."""
-    from rlbook.experiment import mean_interval
-
-    baseline, fix = np.asarray(baseline, dtype=float), np.asarray(fix, dtype=float)
-    if baseline.shape != fix.shape or baseline.ndim != 1 or baseline.size == 0:
-        raise ValueError(f"baseline and fix must be 1-D arrays of one value per seed of the same length, got "
-                         f"shapes {baseline.shape} and {fix.shape}")
-    if not (np.isfinite(baseline).all() and np.isfinite(fix).all()):
-        raise ValueError("paired_difference got NaN or infinite values")
-    return mean_interval(fix - baseline, confidence)
-
-
-def _check_power_arguments(seed_sd: float, alpha: float, power: float) -> None:
-    if not (seed_sd > 0 and math.isfinite(seed_sd)):
-        raise ValueError(f"seed_sd must be a positive finite number, got {seed_sd}")
-    if not (0 < alpha < 1 and 0 < power < 1):
-        raise ValueError(f"alpha and power must lie in (0, 1), got {alpha} and {power}")
-
-
-def paired_t_power(seed_sd: float, effect: float, seeds: int, alpha: float = 0.05) -> float:
-    """The probability that the two-sided paired t-test at level ``alpha`` over ``seeds`` paired seeds rejects "no
-    difference" when the true mean difference is ``effect`` and the per-seed difference has standard deviation
-    ``seed_sd``: the statistic follows the noncentral t with ``seeds - 1`` degrees of freedom and noncentrality
-    ``effect * sqrt(seeds) / seed_sd`` (``scipy.stats.nct``), and the test rejects beyond the central t's
-    ``1 - alpha/2`` quantile on either side."""
-    from scipy import stats
-
-    _check_power_arguments(seed_sd, alpha, 0.5)
-    seeds = check_int(seeds, "seeds", minimum=2)
-    if not math.isfinite(effect):
-        raise ValueError(f"effect must be a finite number, got {effect}")
-    df, noncentrality = seeds - 1, abs(effect) * math.sqrt(seeds) / seed_sd
-    critical = stats.t.ppf(1 - alpha / 2, df)
-    # the lower tail P(T < -c) as P(T > c) under the mirrored noncentrality: scipy's nct.cdf is NaN far in that tail
-    return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.sf(critical, df, -noncentrality))
-
-
-def seeds_needed(seed_sd: float, effect: float, alpha: float = 0.05, power: float = 0.8) -> int:
-    """Paired seeds needed to detect a mean difference ``effect`` when the per-seed difference has standard
-    deviation ``seed_sd`` (from a pilot), two-sided level ``alpha``, with probability ``power``: the smallest
-    number of seeds (at least 2) whose :func:`paired_t_power` reaches ``power``. The normal approximation
-    ``((z_{1-alpha/2} + z_power) sd / effect)^2`` (about ``(2.8 sd / effect)^2``) ignores that the t-interval is
-    wider with few seeds and asks for one to three seeds too few."""
-    _check_power_arguments(seed_sd, alpha, power)
-    if not (effect != 0 and math.isfinite(effect)):
-        raise ValueError(f"effect must be a non-zero finite number, got {effect}")
-    seeds = 2
-    while paired_t_power(seed_sd, effect, seeds, alpha) < power:
-        seeds += 1
-    return seeds
-
-
-def detectable_effect(seed_sd: float, seeds: int, alpha: float = 0.05, power: float = 0.8) -> float:
-    """The smallest mean difference that ``seeds`` paired seeds detect with probability ``power`` (two-sided level
-    ``alpha``): the effect whose :func:`paired_t_power` equals ``power``, solved with ``scipy.optimize.brentq``.
-    The inverse of :func:`seeds_needed`; at least 2 seeds (one seed has no t-interval)."""
-    from scipy import optimize
-
-    _check_power_arguments(seed_sd, alpha, power)
-    seeds = check_int(seeds, "seeds", minimum=2)
-    high = seed_sd
-    while paired_t_power(seed_sd, high, seeds, alpha) < power:  # bracket the root
-        high *= 2
-    return float(optimize.brentq(lambda e: paired_t_power(seed_sd, e, seeds, alpha) - power, 0.0, high,
-                                 xtol=1e-12 * seed_sd, rtol=1e-10))
-
-
-def holm_intervals(differences: dict, nulls: dict | None = None, alpha: float = 0.05) -> dict:
-    """Holm's step-down correction for several paired differences, with intervals that agree with it.
-
-    ``differences`` maps a name to the per-seed differences of one comparison (1-D, at least 2 seeds); ``nulls``
-    the value each is tested against (default 0; a non-inferiority margin ``-m`` tests "worse by more than m").
-    Each comparison gets the two-sided paired t-test's p-value; sorted ascending, the ``k``-th of ``m`` is rejected
-    while every one before it was and ``p <= alpha / (m - k + 1)``. Its interval is the Student-t interval at
-    confidence ``1 - alpha / (m - k + 1)`` (before the first comparison not rejected) or at the level of that first
-    one (from it on), so an interval excludes its null exactly when Holm rejects. Returns ``{name: {"mean", "low",
-    "high", "null", "p", "adjusted_p", "level", "rejected"}}``; ``adjusted_p`` is Holm's adjusted p-value."""
-    from scipy import stats
-
-    if not differences:
-        raise ValueError("holm_intervals needs at least one comparison")
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
-    nulls = {**{name: 0.0 for name in differences}, **(nulls or {})}
-    unknown = sorted(set(nulls) - set(differences))
-    if unknown:
-        raise ValueError(f"nulls name comparisons not in differences: {unknown}")
-    tests = {}
-    for name, values in differences.items():
-        values = np.asarray(values, dtype=float)
-        if values.ndim != 1 or values.size < 2:
-            raise ValueError(f"{name!r}: needs a 1-D array of at least 2 paired differences, got {values.shape}")
-        if not np.isfinite(values).all():
-            raise ValueError(f"{name!r}: the differences hold NaN or infinite values")
-        null = float(nulls[name])
-        mean, se = float(values.mean()), float(values.std(ddof=1) / math.sqrt(values.size))
-        if se == 0:  # every seed gave the same difference: rejected unless it is the null itself
-            p = 1.0 if mean == null else 0.0
-        else:
-            p = float(2 * stats.t.sf(abs(mean - null) / se, values.size - 1))
-        tests[name] = (values, null, mean, se, p)
-    order = sorted(tests, key=lambda name: tests[name][4])
-    m, out, stopped_level, adjusted = len(order), {}, None, 0.0
-    for k, name in enumerate(order):
-        values, null, mean, se, p = tests[name]
-        step_level = alpha / (m - k)
-        rejected = stopped_level is None and p <= step_level
-        if not rejected and stopped_level is None:
-            stopped_level = step_level
-        level = step_level if rejected else stopped_level
-        adjusted = max(adjusted, min(1.0, (m - k) * p))
-        half = float(stats.t.ppf(1 - level / 2, values.size - 1)) * se
-        out[name] = {"mean": mean, "low": mean - half, "high": mean + half, "null": null, "p": p,
-                     "adjusted_p": adjusted, "level": 1 - level, "rejected": rejected}
-    return {name: out[name] for name in differences}
 
 
 class HeldOutEvaluation(TrainerCallback):

@@ -55,6 +55,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from rlbook.callbacks import TrainerCallback
+from rlbook.stats import mean_interval  # re-exported: the old home
 
 
 class Arm:
@@ -397,19 +398,6 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def mean_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
-    """Mean of ``values`` and its two-sided Student-t confidence interval (scipy), ``(mean, low, high)``; the
-    interval is the mean itself for a single value or identical values."""
-    from scipy import stats
-
-    values = np.asarray(values, dtype=float)
-    mean = float(values.mean())
-    if len(values) < 2 or np.all(values == values[0]):  # no spread: the interval is the mean itself
-        return mean, mean, mean
-    low, high = stats.t.interval(confidence, len(values) - 1, loc=mean, scale=stats.sem(values))
-    return mean, float(low), float(high)
 
 
 def print_summary(result: dict, summary: dict[str, Callable[[dict], float]] | None = None) -> None:

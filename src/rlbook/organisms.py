@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlbook.evaluation import paired_difference
-from rlbook.experiment import Arm, mean_interval
-
-DIRECTIONS = ("up", "down")
+from rlbook.experiment import Arm
+from rlbook.stats import (  # noqa: F401  re-exported: the old home of the gates and readings of stored series
+    DIRECTIONS, baseline_change, baseline_level, eval_series, gate_holds, metric_at, metric_at_budget,
+    paired_difference)
 
 
 @dataclass(frozen=True)
@@ -433,29 +433,8 @@ def get_organism(name: str) -> Organism:
 
 # --- summaries of stored results -----------------------------------------------------------------------------------
 
-
-def metric_at(runs: list[dict], metric: str, where: int) -> np.ndarray:
-    """One value per seed of ``metric`` at evaluation ``where`` (0 the first, -1 the last) of each run's
-    ``evals``; raises ValueError if a run lacks it or it is NaN."""
-    values = []
-    for run in runs:
-        evals = run.get("evals")
-        if not evals:
-            raise ValueError(f"run of seed {run.get('seed')} has no held-out evaluations ('evals')")
-        value = evals[where].get(metric)
-        if value is None or not np.isfinite(value):
-            raise ValueError(f"run of seed {run.get('seed')}: {metric!r} is missing or NaN at evaluation {where}")
-        values.append(float(value))
-    return np.array(values)
-
-
-def eval_series(runs: list[dict], metric: str) -> tuple[np.ndarray, np.ndarray]:
-    """The held-out evaluation steps ``(T,)`` and ``metric`` at each, ``(seeds, T)``, of one arm's runs (for
-    :func:`rlbook.plotting.plot_seeds`); the runs must share their evaluation steps."""
-    steps = [e["step"] for e in runs[0]["evals"]]
-    if any([e["step"] for e in run["evals"]] != steps for run in runs):
-        raise ValueError("the runs were evaluated at different steps")
-    return np.array(steps), np.array([[e[metric] for e in run["evals"]] for run in runs], dtype=float)
+# The readings and gates of stored series (metric_at, eval_series, metric_at_budget, baseline_change, baseline_level,
+# gate_holds) live in rlbook.stats, imported above; what follows reads an organism's own records.
 
 
 def critic_explained_variance(runs: list[dict]) -> tuple[np.ndarray, np.ndarray]:
@@ -467,47 +446,6 @@ def critic_explained_variance(runs: list[dict]) -> tuple[np.ndarray, np.ndarray]
     train[np.array([run["metrics"]["accuracy"] for run in runs], dtype=float) == 0] = np.nan
     pretrain = np.array([run.get("value_pretrain", {}).get("explained_variance", []) for run in runs], dtype=float)
     return pretrain.reshape(len(runs), -1), train
-
-
-def baseline_change(runs: list[dict], metric: str) -> tuple[float, float, float]:
-    """The metric's change from the first evaluation to the last, mean and 95 % t-interval over seeds."""
-    return mean_interval(metric_at(runs, metric, -1) - metric_at(runs, metric, 0))
-
-
-def baseline_level(runs: list[dict], metric: str) -> tuple[float, float, float]:
-    """The metric averaged over each run's evaluations, mean and 95 % t-interval over seeds (the gate of a failure
-    present from the start, :attr:`Organism.failure_threshold`)."""
-    return mean_interval(np.mean([metric_at(runs, metric, i) for i in range(len(runs[0]["evals"]))], axis=0))
-
-
-def gate_holds(interval: tuple[float, float, float], failure: str, threshold: float = 0.0) -> bool:
-    """True when the interval (of the baseline's change, or of its level) lies beyond ``threshold`` (0 for a change)
-    in the failure's direction."""
-    if failure not in DIRECTIONS:
-        raise ValueError(f"failure must be one of {DIRECTIONS}, got {failure!r}")
-    _, low, high = interval
-    return bool(low > threshold) if failure == "up" else bool(high < threshold)
-
-
-def metric_at_budget(runs: list[dict], metric: str, budget, axis: str = "num_completions") -> np.ndarray:
-    """One value per seed of ``metric`` once seed ``i`` had spent ``budget[i]`` (a number for every seed, or one per
-    seed), read off each run's held-out evaluations by linear interpolation along ``axis``, a cumulative cost each
-    evaluation records: ``"num_completions"``, the completions sampled for training, or another (the head-to-head's
-    ``"samples"`` and ``"seconds"``). Raises ValueError where a run did not spend that much, or an evaluation lacks
-    ``axis`` or ``metric``."""
-    values = []
-    for run, spend in zip(runs, np.broadcast_to(budget, (len(runs),))):
-        spent = np.array([e.get(axis, np.nan) for e in run["evals"]], dtype=float)
-        if not np.isfinite(spent).all():
-            raise ValueError(f"run of seed {run.get('seed')}: {axis!r} is missing or NaN in an evaluation")
-        if spend > spent[-1]:
-            raise ValueError(f"run of seed {run.get('seed')} spent {spent[-1]:.6g} {axis}, less than the "
-                             f"{spend:.6g} to compare at")
-        series = np.array([e.get(metric, np.nan) for e in run["evals"]], dtype=float)
-        if not np.isfinite(series).all():
-            raise ValueError(f"run of seed {run.get('seed')}: {metric!r} is missing or NaN in an evaluation")
-        values.append(float(np.interp(spend, spent, series)))
-    return np.array(values)
 
 
 COMPARED_AT = ("step", "num_completions", "change")

@@ -156,7 +156,7 @@ def glue_num(name: str, value, digits: int = 4) -> None:
 
 
 def glue_interval(name: str, interval, digits: int = 4, suffixes=("", "_low", "_high")) -> None:
-    """Glue an interval ``(mean, low, high)`` (as :func:`rlbook.experiment.mean_interval` returns) as
+    """Glue an interval ``(mean, low, high)`` (as :func:`rlbook.stats.mean_interval` returns) as
     three numbers, ``name`` followed by each of ``suffixes``, with :func:`glue_num`."""
     values = tuple(interval)
     if len(values) != 3 or len(suffixes) != 3:
@@ -481,7 +481,7 @@ def plot_organism(ax, result: dict, metric: str, arms=None, *, names: dict | Non
     in :func:`plot_seeds`). ``names`` maps arm names to labels, ``colors`` arm names to colours (default: the
     arm's position among the experiment's arms, so an arm keeps its colour from figure to figure).
     Returns ``{arm: line}``."""
-    from rlbook.organisms import eval_series
+    from rlbook.stats import eval_series
 
     arms = list(result["runs"]) if arms is None else list(arms)
     order = list(result["runs"])
