@@ -221,19 +221,3 @@ def test_plot_lineage_draws_a_box_per_node_and_an_arrow_per_edge():
     with pytest.raises(ValueError, match="no node 'VAPO'"):
         plot_lineage(ax, nodes, [("PPO", "VAPO")])
     plt.close(fig)
-
-
-def test_label_points_keeps_labels_apart():
-    from rlbook.plotting import label_points
-
-    fig, ax = plt.subplots(figsize=(4, 3))
-    xs, ys = [1.0, 1.02, 1.04, 3.0], [1.0, 1.01, 0.99, 2.0]  # three points in a clump
-    ax.plot(xs, ys, "o")
-    ax.set(xlim=(0, 4), ylim=(0, 3))
-    labels = label_points(ax, xs, ys, ["alpha", "beta", "gamma", "delta"])
-    renderer = fig.canvas.get_renderer()
-    boxes = [label.get_window_extent(renderer) for label in labels]
-    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
-    with pytest.raises(ValueError, match="one entry per point"):
-        label_points(ax, xs, ys, ["alpha"])
-    plt.close(fig)

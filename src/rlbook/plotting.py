@@ -553,62 +553,6 @@ def plot_lineage(ax, nodes: dict, edges, *, box_width: float = 1.5, fontsize: fl
     return boxes
 
 
-def label_points(ax, xs, ys, names, *, colors=None, fontsize: float = 10, gap: float = 4.0):
-    """Name each point of a scatter plot next to it: for each label (points taken from the top), the first place
-    around its point, nearest first, where it overlaps no other label, no other point and stays inside the axes.
-    Places lie in eight directions at growing distances; a label placed away from its point gets a thin leader
-    line. A point named "" is left unlabelled (an obstacle only). Returns the labels (``Annotation``)."""
-    from matplotlib.transforms import Bbox
-
-    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
-    names = list(names)
-    if not (len(xs) == len(ys) == len(names)):
-        raise ValueError(f"xs, ys and names must have one entry per point, got {len(xs)}, {len(ys)}, {len(names)}")
-    colors = list(colors) if colors is not None else ["0.2"] * len(names)
-    fig = ax.figure
-    fig.canvas.draw()  # the axes' final size, so that data and display coordinates agree
-    renderer = fig.canvas.get_renderer()
-    scale = fig.dpi / 72  # points to display pixels
-    pixels = ax.transData.transform(np.column_stack([xs, ys]))
-    taken = [Bbox.from_extents(px - gap * scale, py - gap * scale, px + gap * scale, py + gap * scale)
-             for px, py in pixels]
-    frame = ax.get_window_extent(renderer)
-    directions = [(1, 0, "left", "center"), (-1, 0, "right", "center"), (0, 1, "center", "bottom"),
-                  (0, -1, "center", "top"), (1, 1, "left", "bottom"), (-1, 1, "right", "bottom"),
-                  (1, -1, "left", "top"), (-1, -1, "right", "top")]
-    places = [(dx * gap * r, dy * gap * r, ha, va) for r in (1.5, 4, 7, 11, 16, 22, 30)
-              for dx, dy, ha, va in directions]
-
-    def text_box(label):  # the text's own extent (an Annotation's includes its leader line)
-        label.update_positions(renderer)
-        return Text.get_window_extent(label, renderer)
-
-    def place(i, dx, dy, ha, va):
-        leader = dict(arrowstyle="-", color=colors[i], lw=0.6, shrinkA=0, shrinkB=2) if abs(dx) + abs(dy) > 3 * gap \
-            else None
-        return ax.annotate(names[i], (xs[i], ys[i]), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va,
-                           fontsize=fontsize, color=colors[i], arrowprops=leader)
-
-    labels = []
-    for i in sorted(range(len(names)), key=lambda k: -ys[k]):
-        if not names[i]:  # an unnamed point: an obstacle only
-            continue
-        others = [box for k, box in enumerate(taken) if k != i]
-        for dx, dy, ha, va in places:
-            label = place(i, dx, dy, ha, va)
-            box = text_box(label)
-            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
-            if inside and not any(box.overlaps(other) for other in others):
-                break
-            label.remove()
-        else:  # nowhere free: the nearest place
-            label = place(i, *places[0])
-            box = text_box(label)
-        taken.append(box)
-        labels.append(label)
-    return labels
-
-
 # ---- Runs of `rlbook train` side by side ---------------------------------------------------------
 
 def plot_runs(runs: dict[str, list[dict]], metrics=("reward",), *, smooth: int = 1, ncols: int = 3,
