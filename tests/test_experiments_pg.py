@@ -48,6 +48,7 @@ def test_pg_gradient_variance_estimators_are_the_trainers():
     inputs = AdvantageInputs(rewards, rewards[:, None] * mask, mask, mask.sum(-1), num_generations=4)
     for name in script.ESTIMATORS:
         expected = ESTIMATORS[name](inputs, RLConfig(num_generations=4)).advantages
+        # exact: both run the same rlbook.objectives code on the same 8 rewards (no kernel choice between them)
         assert torch.equal(script.advantages(rewards, name, 4), expected), name
     with pytest.raises(ValueError, match="unknown estimator"):
         script.advantages(torch.zeros(4), "a2c", 2)

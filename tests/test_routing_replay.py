@@ -96,9 +96,12 @@ def test_a_completion_token_moves_with_the_routing_of_the_position_that_predicts
     flagged = completion_routing_changed(routes, moved, T)
     assert flagged.nonzero().tolist() == [[row, t]]
     delta = (rerouted - plain).abs()
-    assert delta[row, :t].max() == 0, "tokens before it cannot see the re-routed position"
+    # not 0: re-routing one token reshapes every expert's batch, and some kernels (MKL's compatible path) round a
+    # row by the batch it sits in (up to ~5e-7 here); leakage would move them as the re-routed token (1e-2) does
+    rounding = 1e-5
+    assert delta[row, :t].max() <= rounding, "tokens before it cannot see the re-routed position"
     assert delta[row, t] > 1e-4, "the token it predicts moves"
-    assert delta[1:].max() == 0, "other rows are untouched"
+    assert delta[1:].max() <= rounding, "other rows are untouched"
     with pytest.raises(ValueError, match="completion_length"):
         completion_routing_changed(routes, moved, L)
 
