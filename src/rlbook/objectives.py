@@ -162,22 +162,7 @@ def group_advantages(
     advantage 0 for the others. A group whose (kept) rewards are all equal gets advantage 0, never
     NaN: it carries no signal about which completion is better.
     """
-    G = _check_groups(rewards, num_generations)
-    if scale_rewards not in ("group", "batch", "none"):
-        raise ValueError(f"unknown scale_rewards {scale_rewards!r}; choose 'group', 'batch' or "
-                         "'none'")
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
-    if scale_rewards != "none" and G < 2:
-        raise ValueError(f"scale_rewards={scale_rewards!r} needs num_generations >= 2 for a "
-                         f"standard deviation, got {G}")
-    if keep_mask is None:
-        keep = torch.ones_like(rewards)
-    else:
-        if keep_mask.shape != rewards.shape:
-            raise ValueError(f"keep_mask must have the rewards' shape {tuple(rewards.shape)}, got "
-                             f"{tuple(keep_mask.shape)}")
-        keep = keep_mask.to(rewards.dtype)
+    G, keep = _check_group_advantages(rewards, num_generations, scale_rewards, eps, keep_mask)
     groups, kept = rewards.view(-1, G), keep.view(-1, G)
     count = kept.sum(-1, keepdim=True)
     mean = (groups * kept).sum(-1, keepdim=True) / count.clamp(min=1)
@@ -299,29 +284,8 @@ def lambda_grpo_softmax(
     does there was not found. |z_i| ≤ (G − 1)/√G within a group, so r < √G/(G − 1) (0.40 for G = 8)
     never reaches the floor.
     """
-    if (lengths.dim() != 1 or num_generations < 1 or lengths.numel() == 0
-            or lengths.numel() % num_generations):
-        raise ValueError("lengths must be one per completion, (N*G,), in groups of "
-                         "num_generations="
-                         f"{num_generations}; got shape {tuple(lengths.shape)}")
     G = num_generations
-    if G < 2:
-        raise ValueError(f"lambda_grpo weights need num_generations >= 2 for a length std, got {G}")
-    lam = torch.as_tensor(lam, dtype=torch.float32, device=lengths.device)
-    r = torch.as_tensor(r, dtype=torch.float32, device=lengths.device)
-    if lam.dim() or r.dim():
-        raise ValueError(f"lam and r must be scalars, got shapes {tuple(lam.shape)} and "
-                         f"{tuple(r.shape)}")
-    if not (bool(torch.isfinite(lam)) and bool(torch.isfinite(r))):
-        raise ValueError(f"lam and r must be finite, got {lam.item()} and {r.item()}")
-    if not eps > 0 or not h_min > 0:
-        raise ValueError(f"eps and h_min must be positive, got {eps} and {h_min}")
-    if not bool(torch.isfinite(lengths.to(torch.float32)).all()):
-        raise ValueError(f"lengths must be finite, got {lengths.tolist()[:8]}")
-    if bool((lengths < 1).any()):
-        rows = (lengths < 1).nonzero().flatten().tolist()
-        raise ValueError(f"completions {rows[:5]} have no token (an all-masked row): lengths "
-                         "must be >= 1")
+    lam, r = _check_lambda_grpo(lengths, G, lam, r, eps, h_min)
     groups = lengths.to(torch.float32).view(-1, G)
     z = (groups - groups.mean(-1, keepdim=True)) / (groups.std(-1, keepdim=True) + eps)
     h = (1 + r * z).clamp(min=h_min)
@@ -348,6 +312,54 @@ def lambda_grpo_weights(
     the floor ``h_min``.
     """
     return num_generations * lambda_grpo_softmax(lengths, num_generations, lam, r, eps, h_min)
+
+def _check_group_advantages(rewards, num_generations, scale_rewards, eps, keep_mask):
+    """:func:`group_advantages`' arguments; returns the group size G and the kept completions as
+    0/1 weights (all 1 without ``keep_mask``)."""
+    G = _check_groups(rewards, num_generations)
+    if scale_rewards not in ("group", "batch", "none"):
+        raise ValueError(f"unknown scale_rewards {scale_rewards!r}; choose 'group', 'batch' or "
+                         "'none'")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    if scale_rewards != "none" and G < 2:
+        raise ValueError(f"scale_rewards={scale_rewards!r} needs num_generations >= 2 for a "
+                         f"standard deviation, got {G}")
+    if keep_mask is None:
+        keep = torch.ones_like(rewards)
+    else:
+        if keep_mask.shape != rewards.shape:
+            raise ValueError(f"keep_mask must have the rewards' shape {tuple(rewards.shape)}, got "
+                             f"{tuple(keep_mask.shape)}")
+        keep = keep_mask.to(rewards.dtype)
+    return G, keep
+
+
+def _check_lambda_grpo(lengths, G, lam, r, eps, h_min):
+    """:func:`lambda_grpo_softmax`' arguments; returns λ and r as float32 scalar tensors."""
+    if (lengths.dim() != 1 or G < 1 or lengths.numel() == 0
+            or lengths.numel() % G):
+        raise ValueError("lengths must be one per completion, (N*G,), in groups of "
+                         "num_generations="
+                         f"{G}; got shape {tuple(lengths.shape)}")
+    if G < 2:
+        raise ValueError(f"lambda_grpo weights need num_generations >= 2 for a length std, got {G}")
+    lam = torch.as_tensor(lam, dtype=torch.float32, device=lengths.device)
+    r = torch.as_tensor(r, dtype=torch.float32, device=lengths.device)
+    if lam.dim() or r.dim():
+        raise ValueError(f"lam and r must be scalars, got shapes {tuple(lam.shape)} and "
+                         f"{tuple(r.shape)}")
+    if not (bool(torch.isfinite(lam)) and bool(torch.isfinite(r))):
+        raise ValueError(f"lam and r must be finite, got {lam.item()} and {r.item()}")
+    if not eps > 0 or not h_min > 0:
+        raise ValueError(f"eps and h_min must be positive, got {eps} and {h_min}")
+    if not bool(torch.isfinite(lengths.to(torch.float32)).all()):
+        raise ValueError(f"lengths must be finite, got {lengths.tolist()[:8]}")
+    if bool((lengths < 1).any()):
+        rows = (lengths < 1).nonzero().flatten().tolist()
+        raise ValueError(f"completions {rows[:5]} have no token (an all-masked row): lengths "
+                         "must be >= 1")
+    return lam, r
 
 
 def _check_groups(rewards: torch.Tensor, num_generations: int) -> int:
@@ -555,13 +567,7 @@ def cispo_surrogate(
     Returns ``(loss, low, high)``: where the weight was capped, ``low`` = ρ < ``min_weight``,
     ``high`` = ρ > ``max_weight`` (whatever the advantage's sign; TRL's ``cispo_clip_ratio`` counts
     ``high`` with A > 0)."""
-    if not (math.isfinite(max_weight) and max_weight > 0):
-        raise ValueError(f"max_weight (the cap on CISPO's importance weight) must be a positive "
-                         f"finite number, got {max_weight}")
-    if min_weight is not None and not (math.isfinite(min_weight) and 0 <= min_weight < max_weight):
-        raise ValueError(f"min_weight must be None or a number in [0, max_weight = {max_weight}), "
-                         f"got {min_weight}")
-    _check_same_shape(ratio=ratio, advantages=advantages, logp=logp)
+    _check_cispo(ratio, advantages, logp, max_weight, min_weight)
     weight = torch.clamp(ratio.detach(), min=min_weight, max=max_weight)
     loss = -weight * advantages * logp
     low = (ratio < min_weight if min_weight is not None
@@ -657,21 +663,7 @@ def sampler_importance_weights(
     must be finite (TRL also allows None in the mask modes, which leaves the weight unbounded
     above).
     """
-    if mode not in VLLM_IMPORTANCE_SAMPLING_MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {VLLM_IMPORTANCE_SAMPLING_MODES}")
-    if clip_max is None or not (math.isfinite(clip_max) and clip_max > 0):
-        raise ValueError(f"clip_max must be a positive finite number (the largest weight kept), "
-                         f"got {clip_max}")
-    if clip_min is not None and not (math.isfinite(clip_min) and 0 <= clip_min < clip_max):
-        raise ValueError(f"clip_min must be None or a number in [0, clip_max = {clip_max}), "
-                         f"got {clip_min}")
-    _check_same_shape(old_logp=old_logp, sampler_logp=sampler_logp, mask=mask)
-    if old_logp.dim() != 2:
-        raise ValueError(f"old_logp, sampler_logp and mask must be (B, T), got shape "
-                         f"{tuple(old_logp.shape)}")
-    mask = mask.bool()
-    require_finite("old_logp", old_logp, mask=mask)
-    require_finite("sampler_logp", sampler_logp, mask=mask)
+    mask = _check_sampler_weights(old_logp, sampler_logp, mask, mode, clip_min, clip_max)
     zero = torch.zeros((), dtype=old_logp.dtype, device=old_logp.device)
     log_ratio = torch.where(mask, old_logp.detach() - sampler_logp.detach(), zero)
     if mode.startswith("sequence"):
@@ -701,21 +693,7 @@ def off_policy_sequence_mask(
     argues. Positive-advantage completions always stay. ``advantages`` (B,) or (B, T);
     ``sampler_logp`` the behaviour policy's log-probs (TRL: the inference engine's when vLLM
     sampled, π_old's otherwise)."""
-    if not (math.isfinite(threshold) and threshold >= 0):
-        raise ValueError(f"threshold (off_policy_mask_threshold, DeepSeek-V3.2's delta) must be a "
-                         f"finite number >= 0, got {threshold}")
-    _check_same_shape(logp=logp, sampler_logp=sampler_logp, mask=mask)
-    if logp.dim() != 2:
-        raise ValueError(f"logp, sampler_logp and mask must be (B, T), got shape "
-                         f"{tuple(logp.shape)}")
-    if advantages.shape == logp.shape[:1]:
-        advantages = advantages[:, None].expand_as(logp)
-    elif advantages.shape != logp.shape:
-        raise ValueError(f"advantages must be (B,) = ({logp.shape[0]},) or (B, T) = "
-                         f"{tuple(logp.shape)}, got {tuple(advantages.shape)}")
-    mask = mask.bool()
-    require_finite("logp", logp, mask=mask)
-    require_finite("sampler_logp", sampler_logp, mask=mask)
+    advantages, mask = _check_off_policy_mask(logp, sampler_logp, advantages, mask, threshold)
     log_ratio = sampler_logp.detach() - logp.detach()
     kl = masked_sum(log_ratio, mask, dim=-1) / mask.sum(-1).clamp(min=1)  # (B,)
     return ((advantages >= 0) | (kl <= threshold)[:, None]) & mask
@@ -737,12 +715,7 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor,
     pushed; the confident majority is left alone. ρ = 1 keeps every token; ρ = 0 keeps the highest
     only (and its ties). The quantile interpolates linearly (``torch.quantile``), over the tokens
     given: TRL gathers every process's tokens first, this function sees one micro-batch."""
-    if not (isinstance(top_entropy_quantile, (int, float)) and 0.0 <= top_entropy_quantile <= 1.0):
-        raise ValueError(f"top_entropy_quantile must be in [0, 1] (the share of tokens kept), got "
-                         f"{top_entropy_quantile}")
-    _check_same_shape(entropies=entropies, mask=mask)
-    mask = mask.bool()
-    require_finite("entropies", entropies, mask=mask)
+    mask = _check_high_entropy(entropies, mask, top_entropy_quantile)
     # in float32 at least (bf16 entropies have too few digits for a quantile)
     values = entropies.detach()[mask].to(torch.promote_types(entropies.dtype, torch.float32))
     if values.numel() == 0:
@@ -954,6 +927,93 @@ def value_loss(
     return 0.5 * masked_mean(squared, mask)
 
 
+
+def _check_sampler_weights(old_logp, sampler_logp, mask, mode, clip_min, clip_max):
+    """:func:`sampler_importance_weights`' arguments; returns the mask as bool."""
+    if mode not in VLLM_IMPORTANCE_SAMPLING_MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {VLLM_IMPORTANCE_SAMPLING_MODES}")
+    if clip_max is None or not (math.isfinite(clip_max) and clip_max > 0):
+        raise ValueError(f"clip_max must be a positive finite number (the largest weight kept), "
+                         f"got {clip_max}")
+    if clip_min is not None and not (math.isfinite(clip_min) and 0 <= clip_min < clip_max):
+        raise ValueError(f"clip_min must be None or a number in [0, clip_max = {clip_max}), "
+                         f"got {clip_min}")
+    _check_same_shape(old_logp=old_logp, sampler_logp=sampler_logp, mask=mask)
+    if old_logp.dim() != 2:
+        raise ValueError(f"old_logp, sampler_logp and mask must be (B, T), got shape "
+                         f"{tuple(old_logp.shape)}")
+    mask = mask.bool()
+    require_finite("old_logp", old_logp, mask=mask)
+    require_finite("sampler_logp", sampler_logp, mask=mask)
+    return mask
+
+
+def _check_cispo(ratio, advantages, logp, max_weight, min_weight):
+    """:func:`cispo_surrogate`' arguments."""
+    if not (math.isfinite(max_weight) and max_weight > 0):
+        raise ValueError(f"max_weight (the cap on CISPO's importance weight) must be a positive "
+                         f"finite number, got {max_weight}")
+    if min_weight is not None and not (math.isfinite(min_weight) and 0 <= min_weight < max_weight):
+        raise ValueError(f"min_weight must be None or a number in [0, max_weight = {max_weight}), "
+                         f"got {min_weight}")
+    _check_same_shape(ratio=ratio, advantages=advantages, logp=logp)
+
+
+def _check_off_policy_mask(logp, sampler_logp, advantages, mask, threshold):
+    """:func:`off_policy_sequence_mask`' arguments; returns the advantages (B, T) and the mask as bool."""
+    if not (math.isfinite(threshold) and threshold >= 0):
+        raise ValueError(f"threshold (off_policy_mask_threshold, DeepSeek-V3.2's delta) must be a "
+                         f"finite number >= 0, got {threshold}")
+    _check_same_shape(logp=logp, sampler_logp=sampler_logp, mask=mask)
+    if logp.dim() != 2:
+        raise ValueError(f"logp, sampler_logp and mask must be (B, T), got shape "
+                         f"{tuple(logp.shape)}")
+    if advantages.shape == logp.shape[:1]:
+        advantages = advantages[:, None].expand_as(logp)
+    elif advantages.shape != logp.shape:
+        raise ValueError(f"advantages must be (B,) = ({logp.shape[0]},) or (B, T) = "
+                         f"{tuple(logp.shape)}, got {tuple(advantages.shape)}")
+    mask = mask.bool()
+    require_finite("logp", logp, mask=mask)
+    require_finite("sampler_logp", sampler_logp, mask=mask)
+    return advantages, mask
+
+
+def _check_high_entropy(entropies, mask, top_entropy_quantile):
+    """:func:`high_entropy_mask`' arguments; returns the mask as bool."""
+    if not (isinstance(top_entropy_quantile, (int, float)) and 0.0 <= top_entropy_quantile <= 1.0):
+        raise ValueError(f"top_entropy_quantile must be in [0, 1] (the share of tokens kept), got "
+                         f"{top_entropy_quantile}")
+    _check_same_shape(entropies=entropies, mask=mask)
+    mask = mask.bool()
+    require_finite("entropies", entropies, mask=mask)
+    return mask
+
+
+def _check_dpo(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta, loss_type,
+               label_smoothing):
+    """:func:`dpo_loss`' arguments."""
+    if loss_type not in DPO_LOSS_TYPES:
+        raise ValueError(f"unknown DPO loss_type {loss_type!r}; choose one of {DPO_LOSS_TYPES}")
+    if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
+        raise ValueError(f"beta must be a positive finite number, got {beta!r}")
+    if not (isinstance(label_smoothing, (int, float)) and 0.0 <= label_smoothing < 0.5):
+        raise ValueError(f"label_smoothing must lie in [0, 0.5), got {label_smoothing!r}")
+    if label_smoothing > 0 and loss_type not in ("sigmoid", "robust"):
+        raise ValueError("label_smoothing applies to the 'sigmoid' and 'robust' losses, not "
+                         f"{loss_type!r}")
+    tensors = dict(chosen_logps=chosen_logps, rejected_logps=rejected_logps,
+                   ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
+    _check_same_shape(**tensors)
+    if chosen_logps.dim() != 1 or chosen_logps.numel() == 0:
+        raise ValueError("DPO log-probs (chosen_logps, ...) must be (N,) with N >= 1, one per "
+                         "pair, got "
+                         f"{tuple(chosen_logps.shape)}")
+    for name, x in tensors.items():
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name} is not finite at {int((~torch.isfinite(x)).sum())} pairs")
+
+
 # --- input checks ----------------------------------------------------------------------------------------------
 
 
@@ -1032,26 +1092,8 @@ def dpo_loss(
     mismatched shapes, non-finite log-probs, β ≤ 0, ε outside [0, 0.5) or an unknown
     ``loss_type``.
     """
-    if loss_type not in DPO_LOSS_TYPES:
-        raise ValueError(f"unknown DPO loss_type {loss_type!r}; choose one of {DPO_LOSS_TYPES}")
-    if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
-        raise ValueError(f"beta must be a positive finite number, got {beta!r}")
-    if not (isinstance(label_smoothing, (int, float)) and 0.0 <= label_smoothing < 0.5):
-        raise ValueError(f"label_smoothing must lie in [0, 0.5), got {label_smoothing!r}")
-    if label_smoothing > 0 and loss_type not in ("sigmoid", "robust"):
-        raise ValueError("label_smoothing applies to the 'sigmoid' and 'robust' losses, not "
-                         f"{loss_type!r}")
-    tensors = dict(chosen_logps=chosen_logps, rejected_logps=rejected_logps,
-                   ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
-    _check_same_shape(**tensors)
-    if chosen_logps.dim() != 1 or chosen_logps.numel() == 0:
-        raise ValueError("DPO log-probs (chosen_logps, ...) must be (N,) with N >= 1, one per "
-                         "pair, got "
-                         f"{tuple(chosen_logps.shape)}")
-    for name, x in tensors.items():
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError(f"{name} is not finite at {int((~torch.isfinite(x)).sum())} pairs")
-
+    _check_dpo(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta, loss_type,
+               label_smoothing)
     chosen_logratios = chosen_logps - ref_chosen_logps  # log π_θ(y_w|x) − log π_ref(y_w|x)
     rejected_logratios = rejected_logps - ref_rejected_logps
     delta = chosen_logratios - rejected_logratios  # Δ: no β yet
