@@ -25,8 +25,8 @@ from rlbook.checkpoints import (
 )
 from rlbook.checkpoints.__main__ import main as checkpoints_main
 from rlbook.lm import build_model, build_tokenizer
-from rlbook.rollout import encode_completions
-from rlbook.sft import SFTConfig, SFTHistory, reached_target, sft_loss, train_sft
+from rlbook.rollout import encode_completions, generate_rollouts
+from rlbook.sft import SFTConfig, SFTHistory, reached_target, sampled_accuracy, sft_loss, train_sft
 from rlbook.tasks import get_task
 
 
@@ -101,6 +101,24 @@ def test_train_sft_trains_on_train_problems_only(monkeypatch):
 def test_sft_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SFTConfig(**kwargs)
+
+
+def test_sampled_accuracy_is_the_tasks_verdict_also_under_a_length_bonus():
+    """The accuracy counts :meth:`Task.is_correct`, not ``reward == correct_reward``: under a proxy's
+    ``length_bonus`` every reward is off ``correct_reward`` and that count read 0 (issue 56)."""
+    model, tokenizer = load_base_policy("arithmetic")
+    recipe = RECIPES["arithmetic"]
+    plain = get_task(recipe.task, **recipe.task_kwargs)
+    proxy = get_task(recipe.task, **recipe.task_kwargs, length_bonus=0.05)
+    examples = plain.sample(64, seed=0, split="test")
+    tokens = recipe.sft.max_new_tokens
+    batch = generate_rollouts(model, tokenizer, [e.prompt for e in examples], max_new_tokens=tokens,
+                              temperature=1.0, seed=3)  # the samples sampled_accuracy draws with this seed
+    verdicts = [proxy.is_correct(e, c, t) for e, c, t in zip(examples, batch.decode_completions(tokenizer),
+                                                               batch.truncated.tolist())]
+    accuracy = sampled_accuracy(model, tokenizer, proxy, examples, tokens, seed=3)
+    assert accuracy == np.mean(verdicts) > 0
+    assert accuracy == sampled_accuracy(model, tokenizer, plain, examples, tokens, seed=3)  # the bonus changes nothing
 
 
 # --- the shipped base policies ------------------------------------------------------------------------------

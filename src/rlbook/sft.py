@@ -85,12 +85,14 @@ def reached_target(history: SFTHistory, config: SFTConfig) -> bool:
 def sampled_accuracy(model, tokenizer, task: Task, examples, max_new_tokens: int, seed: int,
                      temperature: float = 1.0) -> float:
     """Fraction of ``examples`` answered correctly by one sample each at ``temperature`` (default 1, the RL
-    behaviour policy's)."""
+    behaviour policy's). Correct is the task's verdict, :meth:`rlbook.tasks.base.Task.is_correct`, as everywhere
+    in the book: not the reward, which a proxy's ``length_bonus`` moves off ``correct_reward``."""
     with autocast(next(model.parameters()).device):
         batch = generate_rollouts(model, tokenizer, [e.prompt for e in examples], max_new_tokens=max_new_tokens,
                                   temperature=temperature, seed=seed)
-    rewards = task.rewards(examples, batch.decode_completions(tokenizer), batch.truncated.tolist())
-    return float(np.mean(rewards == task.correct_reward))
+    completions = batch.decode_completions(tokenizer)
+    return float(np.mean([task.is_correct(e, c, t) for e, c, t in zip(examples, completions,
+                                                                        batch.truncated.tolist())]))
 
 
 def train_sft(model, tokenizer, task: Task, config: SFTConfig | None = None) -> SFTHistory:
