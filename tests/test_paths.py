@@ -21,13 +21,3 @@ def test_a_missing_results_folder_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="experiments/results was not found"):
         experiment_results_dir()
 
-
-def test_write_results_times_the_run_and_writes_json(tmp_path):
-    import json
-
-    from rlbook.paths import write_results
-
-    out = tmp_path / "new" / "r.json"
-    result = write_results(out, lambda: {"runs": [1, 2]})
-    assert json.loads(out.read_text()) == result == {"runs": [1, 2], "seconds": result["seconds"]}
-    assert result["seconds"] >= 0 and out.read_text().endswith("}\n")
