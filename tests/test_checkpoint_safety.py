@@ -1,4 +1,4 @@
-"""A checkpoint is data, never code (src/rlbook/files.py, the checkpoint code of trainer.py and cli.py).
+"""A checkpoint is data, never code (src/rlbook/checkpointing.py, the checkpoint code of trainer.py and cli.py).
 
 Readers send each other run folders, so ``rlbook train --resume`` must not run code hidden in one: the policy is
 read from ``model.safetensors`` and ``trainer_state.pt`` with ``torch.load(..., weights_only=True)``. These tests
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from rlbook.cli import main
-from rlbook.files import (
+from rlbook.checkpointing import (
     STATE_FILE,
     WEIGHTS_FILE,
     UnsafeCheckpointError,

@@ -1,4 +1,4 @@
-"""Nothing is lost under faults (src/rlbook/files.py, the checkpoint code of trainer.py and cli.py).
+"""Nothing is lost under faults (src/rlbook/checkpointing.py, the checkpoint code of trainer.py and cli.py).
 
 ``rlbook train`` is killed with SIGKILL at chosen points and resumed with ``--resume``; the resumed run must
 end exactly like an uninterrupted one (metrics.jsonl and the final weights). The kill points:
@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from rlbook.cli import main
-from rlbook.files import (
+from rlbook.checkpointing import (
     CheckpointError,
     atomic_folder,
     atomic_save,

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from rlbook.checkpoints import RECIPES, load_base_policy
-from rlbook.files import read_checkpoint
+from rlbook.checkpointing import read_checkpoint
 from rlbook.lm import autocast, build_model, lean
 from rlbook.rollout import encode_completions, generate_rollouts, sequence_logprobs
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlbook.distributed import World, global_share, reduce_metrics, shard_groups
-from rlbook.files import read_checkpoint
+from rlbook.checkpointing import read_checkpoint
 from rlbook.lm import build_model, build_tokenizer
 from rlbook.presets import preset
 from rlbook.tasks import get_task

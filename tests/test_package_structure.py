@@ -75,8 +75,8 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_no_import_cycles():
     """No module of ``src/rlbook`` imports, directly or through others, a module that imports it, counting imports
     under ``if TYPE_CHECKING:`` (a type checker follows them, and they say the two modules need each other).
-    Imports inside functions are not counted: they run after every module has loaded (``rlbook.files`` reaches
-    ``rlbook.lm.model`` so, to keep ``import rlbook.files`` light)."""
+    Imports inside functions are not counted: they run after every module has loaded (``rlbook.checkpointing`` reaches
+    ``rlbook.lm.model`` so, to keep ``import rlbook.checkpointing`` light)."""
     graph = import_graph()
     assert "rlbook.trainer" in graph and "rlbook.callbacks" in graph["rlbook.trainer"]
     cycle = find_cycle(graph)

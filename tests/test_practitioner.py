@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from rlbook.cli import main  # noqa: E402
-from rlbook.files import read_checkpoint  # noqa: E402
+from rlbook.checkpointing import read_checkpoint  # noqa: E402
 from rlbook.plotting import MIN_FONT_PT, plot_runs, smallest_font  # noqa: E402
 from rlbook.runs import export_checkpoint, metric_values, newest_checkpoint, read_metrics  # noqa: E402
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm import tqdm
 
-from rlbook.files import prune_checkpoints
+from rlbook.checkpointing import prune_checkpoints
 from rlbook.objectives import masked_mean
 from rlbook.rollout import sequence_logprobs
 
@@ -98,7 +98,7 @@ class CheckpointSaver(TrainerCallback):
     """Saves the trainer (:meth:`rlbook.trainer.Trainer.save_checkpoint`) to
     ``folder/checkpoint-<step>`` every ``every`` steps. With ``keep_last=k`` (TRL's
     ``save_total_limit``), once a new checkpoint is complete the older ones beyond the newest ``k``
-    are deleted (:func:`rlbook.files.prune_checkpoints`)."""
+    are deleted (:func:`rlbook.checkpointing.prune_checkpoints`)."""
 
     def __init__(self, folder: str | Path, every: int, keep_last: int | None = None):
         if every < 1:

@@ -23,13 +23,13 @@ DPO is not here: it trains on preference pairs with no sampling, no reward and n
 setting of the RL loop that ``--algo`` chooses from; its loop is :func:`rlbook.dpo.train_dpo`.
 
 Nothing is lost if the process is killed (``kill -9``, a lost machine): checkpoints are written to a
-temporary folder and renamed into place when complete (:mod:`rlbook.files`), so ``--resume`` always
+temporary folder and renamed into place when complete (:mod:`rlbook.checkpointing`), so ``--resume`` always
 finds a loadable one. It falls back to the previous checkpoint if the newest cannot be read, drops
 the metrics logged after the checkpoint (and a last line cut mid-write), and continues exactly as
 the uninterrupted run would have. A checkpoint that cannot be written (a full disk) stops the run
 with one line on stderr and exit status 1; the previous checkpoints are intact.
 
-A checkpoint is data, never code (:mod:`rlbook.files`): ``--resume`` reads ``trainer_state.pt`` with
+A checkpoint is data, never code (:mod:`rlbook.checkpointing`): ``--resume`` reads ``trainer_state.pt`` with
 ``torch.load(..., weights_only=True)`` and the policy from ``model.safetensors``, so a run folder someone sent you
 cannot run their code. A ``trainer_state.pt`` that holds other objects (a crafted pickle, or numpy scalars of an
 older format) stops the run with one line and exit status 2, naming ``rlbook convert-checkpoint DIR --trust``:
@@ -236,7 +236,7 @@ def train(args) -> int:
     from rlbook.callbacks import CheckpointSaver, MetricsLogger
     from rlbook.checkpoints import RECIPES
     from rlbook.distributed import World, barrier, init_from_env, launched_by_torchrun
-    from rlbook.files import atomic_write_text, list_checkpoints, remove_leftovers
+    from rlbook.checkpointing import atomic_write_text, list_checkpoints, remove_leftovers
     from rlbook.lm import MODEL_SIZES
     from rlbook.presets import PRESETS, preset
     from rlbook.trainer import Trainer
@@ -329,7 +329,7 @@ def resume_mismatch(stored: dict, run: dict) -> str:
     """The settings in which ``stored`` (a run's ``run.json``) and ``run`` (this command's) differ, with both
     values (``"(differs in ['learning_rate']); run.json: learning_rate=0.001; this command: ..."``), or ``""``.
     ``max_steps`` may differ: a resumed run may be extended."""
-    from rlbook.files import describe_differences
+    from rlbook.checkpointing import describe_differences
 
     top = ("algo", "task", "model_size", "seed")
     before = {**{k: stored[k] for k in top if k in stored}, **stored.get("config", {})}
@@ -386,8 +386,8 @@ def starting_policy(task: str, model_size: str | None, seed: int, device):
 def convert(args) -> int:
     """``rlbook convert-checkpoint DIR --trust``: rewrite the checkpoints of ``DIR`` (a run folder, or one
     ``checkpoint-<step>`` folder in it) in the current format, with the architecture named by the run's
-    ``run.json`` (:func:`rlbook.files.convert_checkpoint`)."""
-    from rlbook.files import STATE_FILE, convert_checkpoint, list_checkpoints
+    ``run.json`` (:func:`rlbook.checkpointing.convert_checkpoint`)."""
+    from rlbook.checkpointing import STATE_FILE, convert_checkpoint, list_checkpoints
 
     folder = args.dir
     if not args.trust:
@@ -399,7 +399,7 @@ def convert(args) -> int:
         raise UsageError(f"{folder} is neither a checkpoint folder nor a run folder holding checkpoint-<step> folders")
     if not (run_dir / "run.json").is_file():
         raise UsageError(f"{run_dir} has no run.json: convert-checkpoint needs the run folder written by rlbook train "
-                         "(in Python, call rlbook.files.convert_checkpoint(path, policy, tokenizer))")
+                         "(in Python, call rlbook.checkpointing.convert_checkpoint(path, policy, tokenizer))")
     try:
         run = json.loads((run_dir / "run.json").read_text())
         model, tokenizer = starting_policy(run["task"], run["model_size"], run["seed"], "cpu")
@@ -469,7 +469,7 @@ def run_labels(folders: list[Path]) -> list[str]:
 def export(args) -> int:
     """``rlbook export RUN_DIR [--out DIR]``: the newest checkpoint's policy (and value model) as Hugging Face
     folders (:func:`rlbook.runs.export_checkpoint`)."""
-    from rlbook.files import UnsafeCheckpointError
+    from rlbook.checkpointing import UnsafeCheckpointError
     from rlbook.runs import VALUE_MODEL_DIR, export_checkpoint, newest_checkpoint
 
     try:
@@ -496,7 +496,7 @@ def resume_from_newest_readable(trainer, checkpoints: list[Path], out: Path) -> 
     """Load the newest of ``checkpoints`` that can be read into ``trainer``, warning on stderr about
     each one skipped; with no checkpoint at all (a run killed before its first save) it starts from
     step 0."""
-    from rlbook.files import CheckpointError
+    from rlbook.checkpointing import CheckpointError
 
     for path in reversed(checkpoints):
         try:
@@ -515,7 +515,7 @@ def resume_from_newest_readable(trainer, checkpoints: list[Path], out: Path) -> 
 def truncate_metrics(path: Path, step: int) -> None:
     """Keep the lines of ``metrics.jsonl`` up to ``step`` (those logged after the checkpoint are
     logged again), dropping a line cut mid-write by a killed process; rewritten atomically."""
-    from rlbook.files import atomic_write_text
+    from rlbook.checkpointing import atomic_write_text
 
     if not path.exists():
         return
@@ -548,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except RuntimeError as error:  # a checkpoint that cannot be written or read: one line, exit 1
-        from rlbook.files import CheckpointError
+        from rlbook.checkpointing import CheckpointError
 
         if not isinstance(error, CheckpointError):
             raise

@@ -2,7 +2,7 @@
 
 :class:`rlbook.trainer.Trainer` holds one :class:`KLController` and one :class:`EntropyController`
 (``trainer.kl_control``, ``trainer.entropy_control``); its ``kl_coef``, ``entropy_coef`` and ``last_entropy`` read
-and set their state, the three numbers a checkpoint keeps (:func:`rlbook.files.trainer_state`). The rules are
+and set their state, the three numbers a checkpoint keeps (:func:`rlbook.checkpointing.trainer_state`). The rules are
 :mod:`rlbook.objectives`' (:func:`~rlbook.objectives.adaptive_kl_coef`,
 :func:`~rlbook.objectives.adaptive_entropy_coef`); these objects say when each applies and what it adds to the
 reward or the loss.

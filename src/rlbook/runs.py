@@ -74,7 +74,7 @@ def newest_checkpoint(path: str | Path) -> Path:
     """``path`` itself if it is a checkpoint folder (it holds ``trainer_state.pt``), else the newest
     ``checkpoint-<step>`` folder of the run folder ``path``. ``FileNotFoundError`` naming ``path`` when it has
     none."""
-    from rlbook.files import STATE_FILE, list_checkpoints
+    from rlbook.checkpointing import STATE_FILE, list_checkpoints
 
     path = Path(path)
     if (path / STATE_FILE).is_file():
@@ -95,10 +95,10 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     ``export.json``), which is replaced, or empty: anything else is a ``FileExistsError``, so that no folder of
     yours is overwritten.
 
-    The checkpoint is read as data (:func:`rlbook.files.read_checkpoint`): one of an older format raises
-    :class:`rlbook.files.UnsafeCheckpointError` naming the command that converts it, a damaged one
-    :class:`rlbook.files.CheckpointError`. Returns ``out``."""
-    from rlbook.files import atomic_folder, read_checkpoint
+    The checkpoint is read as data (:func:`rlbook.checkpointing.read_checkpoint`): one of an older format raises
+    :class:`rlbook.checkpointing.UnsafeCheckpointError` naming the command that converts it, a damaged one
+    :class:`rlbook.checkpointing.CheckpointError`. Returns ``out``."""
+    from rlbook.checkpointing import atomic_folder, read_checkpoint
     from rlbook.lm.model import save_policy
 
     checkpoint, out = Path(checkpoint), Path(out)
@@ -123,7 +123,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
 
 def _policy_of(checkpoint: Path):
     """``(policy, tokenizer)`` saved in ``checkpoint``, on the CPU."""
-    from rlbook.files import CheckpointError
+    from rlbook.checkpointing import CheckpointError
     from rlbook.lm.model import load_policy
 
     try:
@@ -135,7 +135,7 @@ def _policy_of(checkpoint: Path):
 def _value_model_of(policy, weights: dict | None, checkpoint: Path):
     """The value model whose ``weights`` a checkpoint stored (a ``…ForTokenClassification`` shaped like
     ``policy``, as :func:`rlbook.lm.value.build_value_model` makes it), or None when it stored none."""
-    from rlbook.files import CheckpointError
+    from rlbook.checkpointing import CheckpointError
     from rlbook.lm.value import build_value_model
 
     if weights is None:
