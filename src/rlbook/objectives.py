@@ -932,12 +932,7 @@ def _check_sampler_weights(old_logp, sampler_logp, mask, mode, clip_min, clip_ma
     """:func:`sampler_importance_weights`' arguments; returns the mask as bool."""
     if mode not in VLLM_IMPORTANCE_SAMPLING_MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {VLLM_IMPORTANCE_SAMPLING_MODES}")
-    if clip_max is None or not (math.isfinite(clip_max) and clip_max > 0):
-        raise ValueError(f"clip_max must be a positive finite number (the largest weight kept), "
-                         f"got {clip_max}")
-    if clip_min is not None and not (math.isfinite(clip_min) and 0 <= clip_min < clip_max):
-        raise ValueError(f"clip_min must be None or a number in [0, clip_max = {clip_max}), "
-                         f"got {clip_min}")
+    _check_weight_bounds("clip_min", clip_min, "clip_max", clip_max, "the largest weight kept")
     _check_same_shape(old_logp=old_logp, sampler_logp=sampler_logp, mask=mask)
     if old_logp.dim() != 2:
         raise ValueError(f"old_logp, sampler_logp and mask must be (B, T), got shape "
@@ -948,14 +943,19 @@ def _check_sampler_weights(old_logp, sampler_logp, mask, mode, clip_min, clip_ma
     return mask
 
 
+def _check_weight_bounds(low_name, low, high_name, high, what) -> None:
+    """A weight's cap ``high``, positive and finite, and its optional floor ``low`` in [0, high)."""
+    if high is None or not (math.isfinite(high) and high > 0):
+        raise ValueError(f"{high_name} must be a positive finite number ({what}), got {high}")
+    if low is not None and not (math.isfinite(low) and 0 <= low < high):
+        raise ValueError(f"{low_name} must be None or a number in [0, {high_name} = {high}), "
+                         f"got {low}")
+
+
 def _check_cispo(ratio, advantages, logp, max_weight, min_weight):
     """:func:`cispo_surrogate`' arguments."""
-    if not (math.isfinite(max_weight) and max_weight > 0):
-        raise ValueError(f"max_weight (the cap on CISPO's importance weight) must be a positive "
-                         f"finite number, got {max_weight}")
-    if min_weight is not None and not (math.isfinite(min_weight) and 0 <= min_weight < max_weight):
-        raise ValueError(f"min_weight must be None or a number in [0, max_weight = {max_weight}), "
-                         f"got {min_weight}")
+    _check_weight_bounds("min_weight", min_weight, "max_weight", max_weight,
+                         "the cap on CISPO's importance weight")
     _check_same_shape(ratio=ratio, advantages=advantages, logp=logp)
 
 
