@@ -17,6 +17,10 @@ summarise an experiment (:func:`phenomenon`):
 
 Designing an organism until its gate holds is legitimate (the failure must exist before a fix can be shown);
 measuring the fix is done once, as it comes out.
+
+This module is the registry of experiments (:data:`ORGANISMS`) and the family table's entries (:func:`phenomenon`),
+on top of the package: no other module of ``rlbook`` imports it. The readings and gates it uses (``metric_at``,
+``baseline_change``, ``gate_holds``, ...) live in :mod:`rlbook.stats` and are re-exported here, their old home.
 """
 
 from __future__ import annotations
