@@ -376,16 +376,16 @@ def test_gfpo_trains_only_on_the_kept_completions():
 
 
 def test_gfpo_update_forwards_only_the_kept_completions(monkeypatch):
-    import rlbook.trainer as trainer_module
+    import rlbook.lm.learner as learner_module  # the update's forward (rlbook.lm.learner.Learner)
 
     forwarded = []
-    real = trainer_module.sequence_logprobs
+    real = learner_module.sequence_logprobs
 
     def counting(model, input_ids, *args, **kwargs):
         forwarded.append(input_ids.shape[0])
         return real(model, input_ids, *args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "sequence_logprobs", counting)
+    monkeypatch.setattr(learner_module, "sequence_logprobs", counting)
     trainer = make_trainer("gfpo", num_generations=8, gfpo_k=3, per_device_train_batch_size=16, max_steps=1,
                            mask_truncated_completions=False)
     trainer.train_step()

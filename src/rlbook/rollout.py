@@ -727,3 +727,80 @@ def _check_logprob_args(input_ids, attention_mask, completion_mask, temperature,
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be None or an integer >= 1, got {chunk_size!r}")
+
+
+# --- a training step's sampling (rlbook.trainer.Trainer.sample_rollout) ------------------------------------------
+
+
+def step_seed(seed: int, step: int, round_: int = 0, rank: int = 0) -> int:
+    """A distinct, reproducible seed for each (run seed, step, generation round, process)."""
+    return int(np.random.default_rng([seed, step + 1, round_] + ([rank] if rank else [])).integers(2**62))
+
+
+def per_completion(examples, num_generations: int) -> list:
+    """The prompts' examples repeated once per completion, in the rollout's row order (B,)."""
+    return [e for e in examples for _ in range(num_generations)]
+
+
+def completion_rewards(reward_fn, examples, completions: list[str], batch: RolloutBatch, step: int,
+                       num_generations: int, nonfinite_rewards: str) -> np.ndarray:
+    """The reward of every completion by ``reward_fn``, (B,) float64; a wrong shape is an error, and so is a
+    non-finite reward unless ``nonfinite_rewards="skip_group"`` (then the caller drops its group): it names the
+    step (as metrics.jsonl counts them, from 1: the step being sampled is ``step + 1``) and the completion."""
+    from rlbook.nonfinite import require_finite_rewards
+
+    repeated = per_completion(examples, num_generations)
+    rewards = np.asarray(reward_fn(repeated, completions, batch.truncated.tolist()), dtype=np.float64)
+    if rewards.shape != (len(batch),):
+        raise ValueError(f"step {step + 1}: the reward function must return {len(batch)} finite "
+                         f"rewards, got shape {rewards.shape}")
+    if nonfinite_rewards == "raise":
+        require_finite_rewards(rewards, completions, step)
+    return rewards
+
+
+def sample_groups(policy, tokenizer, task, config, step: int, shard: slice, rank: int, device,
+                  reward_fn) -> Rollout:
+    """Step ``step``'s groups ``shard`` of ``config.num_prompts`` (this process's share), ``num_generations``
+    completions each, rewarded by ``reward_fn`` (DAPO: only groups whose rewards differ, see
+    :func:`dynamic_sampling`); ``metrics`` holds ``time/reward``, ``num_completions`` and the groups skipped."""
+    import time
+
+    from rlbook.lm import autocast
+    from rlbook.nonfinite import skip_nonfinite_groups
+
+    G = config.num_generations
+    time_reward, num_completions, groups_skipped = 0.0, 0, 0
+
+    def sample_round(round_: int) -> Rollout:
+        nonlocal time_reward, num_completions, groups_skipped
+        prompt_seed = [config.seed, step] + ([round_] if round_ else [])
+        examples = task.sample(config.num_prompts, split=config.train_split,
+                               seed=np.random.default_rng(prompt_seed))[shard]
+        with autocast(device):
+            batch = generate_rollouts(policy, tokenizer, [e.prompt for e in examples],
+                                      num_generations=G, max_new_tokens=config.max_completion_length,
+                                      temperature=config.sampling_temperature,
+                                      seed=step_seed(config.seed, step, round_, rank), device=device)
+        timer = time.perf_counter()
+        num_completions += len(batch)
+        completions = batch.decode_completions(tokenizer)
+        rewards = completion_rewards(reward_fn, examples, completions, batch, step, G, config.nonfinite_rewards)
+        rollout = Rollout(batch, examples, completions, rewards)
+        time_reward += time.perf_counter() - timer
+        if config.nonfinite_rewards == "skip_group":
+            rollout, skipped = skip_nonfinite_groups(rollout, G, step)
+            groups_skipped += skipped
+        return rollout
+
+    if config.dynamic_sampling:
+        rollout = dynamic_sampling(sample_round, shard.stop - shard.start, config.max_num_gen_batches,
+                                   tokenizer.pad_token_id)
+    else:
+        rollout = sample_round(0)
+        rollout.metrics["frac_reward_zero_std"] = float(np.mean(~informative_groups(rollout.rewards, G)))
+    rollout.metrics["time/reward"] = time_reward
+    rollout.metrics["num_completions"] = num_completions
+    if config.nonfinite_rewards == "skip_group":
+        rollout.metrics["nonfinite_rewards/groups_skipped"] = groups_skipped
+    return rollout

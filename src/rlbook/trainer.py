@@ -23,8 +23,6 @@ of the whole batch is exactly 1.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import time
 from pathlib import Path
 
@@ -40,24 +38,25 @@ from rlbook.distributed import (World, average_grad, current_world, gather_rows,
 from rlbook.files import read_checkpoint, restore_trainer_state, trainer_state, write_checkpoint
 from rlbook.lm import adamw, autocast
 from rlbook.lm.device import low_precision
-from rlbook.lm.moe import expert_choices, is_moe, replay_routes, routers
+from rlbook.lm.learner import Learner, frozen_copy
+from rlbook.lm.moe import expert_choices, is_moe, routers
 from rlbook.lm.value import build_value_model, token_values
 from rlbook.losses import LossBatch, aggregation_of, policy_loss
 from rlbook.metrics import (explained_variance, reference_kl_metrics, rollout_metrics, sampling_metrics,
                             update_summary)
-from rlbook.nonfinite import require_finite, require_finite_rewards, skip_nonfinite_groups
+from rlbook.nonfinite import require_finite
 from rlbook.objectives import (high_entropy_mask, lambda_grpo_weights, positive_example_nll,
                                sampler_importance_weights, value_loss)
 from rlbook.presets import RLConfig
 from rlbook.presets import preset  # noqa: F401  (re-exported: rlbook.trainer.preset)
-from rlbook.rollout import (Rollout, RolloutBatch, ScoredRollout, dynamic_sampling, generate_rollouts,
-                            informative_groups, sequence_logprobs)
+from rlbook.rollout import (Rollout, RolloutBatch, ScoredRollout, per_completion, sample_groups, sequence_logprobs,
+                            step_seed)
 from rlbook.sft import sampled_accuracy
 from rlbook.tasks import Task
 from rlbook.tasks.shaping import shape_rewards
 
 # Seed streams apart from the training steps' (a step's prompts come from [seed, step], its sampling from
-# _seed(seed, step, round) for generation rounds 0, 1, ...):
+# step_seed(seed, step, round) for generation rounds 0, 1, ...):
 HELD_OUT_SEED = 10**6  # the held-out problems: [seed, 10**6] over the test split (which no prompt comes from)
 PRETRAIN_STEPS = 10**6  # value pretraining's round k samples as step 10**6 + k, past any run's training steps
 COVARIANCE_ROUND = 10**6  # Clip-Cov's draw in a step's update: round 10**6 of the step, no generation round's
@@ -89,7 +88,7 @@ class Trainer:
             if getattr(config, name) not in (None, False) and not is_moe(policy):
                 raise ValueError(f"{name} needs a mixture-of-experts policy, but "
                                  f"{type(policy).__name__} has no router; leave {name} unset")
-        self.reference = _frozen_copy(policy) if config.beta > 0 else None
+        self.reference = frozen_copy(policy) if config.beta > 0 else None
         if value_model is not None and not config.needs_value_model:
             raise ValueError(f"a value_model was given, but advantage_estimator="
                              f"{config.advantage_estimator!r} uses none; drop value_model or use "
@@ -98,7 +97,7 @@ class Trainer:
             value_model = build_value_model(policy, init=config.value_init, seed=config.seed)
         self.value_model = value_model
         # the trained models as one module, one forward per micro-batch: what DDP wraps
-        self._learner = _Learner(policy, self.value_model)
+        self._learner = Learner(policy, self.value_model)
         if self.world.distributed:
             self._learner = torch.nn.parallel.DistributedDataParallel(
                 self._learner,
@@ -235,62 +234,9 @@ class Trainer:
     def sample_rollout(self, step: int) -> Rollout:
         """This step's ``num_prompts`` groups of ``num_generations`` completions, rewarded (DAPO: only groups whose
         rewards differ, see :func:`rlbook.rollout.dynamic_sampling`); this process's share of them under
-        ``torchrun``."""
-        config, G, shard = self.config, self.config.num_generations, self._prompt_shard
-        time_reward, num_completions, groups_skipped = 0.0, 0, 0
-
-        def sample_round(round_: int) -> Rollout:
-            nonlocal time_reward, num_completions, groups_skipped
-            prompt_seed = [config.seed, step] + ([round_] if round_ else [])
-            examples = self.task.sample(config.num_prompts, split=config.train_split,
-                                        seed=np.random.default_rng(prompt_seed))[shard]
-            with autocast(self.device):
-                batch = generate_rollouts(self.policy, self.tokenizer, [e.prompt for e in examples],
-                                          num_generations=G, max_new_tokens=config.max_completion_length,
-                                          temperature=config.sampling_temperature,
-                                          seed=_seed(config.seed, step, round_, self.world.rank),
-                                          device=self.device)
-            timer = time.perf_counter()
-            num_completions += len(batch)
-            completions = batch.decode_completions(self.tokenizer)
-            rewards = self._rewards(examples, completions, batch, step=step)
-            rollout = Rollout(batch, examples, completions, rewards)
-            time_reward += time.perf_counter() - timer
-            if config.nonfinite_rewards == "skip_group":
-                rollout, skipped = skip_nonfinite_groups(rollout, G, step)
-                groups_skipped += skipped
-            return rollout
-
-        if config.dynamic_sampling:
-            rollout = dynamic_sampling(sample_round, shard.stop - shard.start, config.max_num_gen_batches,
-                                       self.tokenizer.pad_token_id)
-        else:
-            rollout = sample_round(0)
-            rollout.metrics["frac_reward_zero_std"] = float(np.mean(~informative_groups(rollout.rewards, G)))
-        rollout.metrics["time/reward"] = time_reward
-        rollout.metrics["num_completions"] = num_completions
-        if config.nonfinite_rewards == "skip_group":
-            rollout.metrics["nonfinite_rewards/groups_skipped"] = groups_skipped
-        return rollout
-
-    def _per_completion(self, examples) -> list:
-        """The prompts' examples repeated once per completion, in the rollout's row order (B,)."""
-        return [e for e in examples for _ in range(self.config.num_generations)]
-
-    def _rewards(self, examples, completions: list[str], batch: RolloutBatch, step: int | None = None) -> np.ndarray:
-        """The reward of every completion by the trainer's ``reward_fn``, (B,) float64; a wrong shape is an error,
-        and so is a non-finite reward unless ``nonfinite_rewards="skip_group"`` (then the caller drops its group):
-        it names the step (as metrics.jsonl counts them, from 1: the step being sampled is ``step + 1``) and the
-        completion."""
-        repeated = self._per_completion(examples)
-        rewards = np.asarray(self.reward_fn(repeated, completions, batch.truncated.tolist()), dtype=np.float64)
-        step = self.step if step is None else step
-        if rewards.shape != (len(batch),):
-            raise ValueError(f"step {step + 1}: the reward function must return {len(batch)} finite "
-                             f"rewards, got shape {rewards.shape}")
-        if self.config.nonfinite_rewards == "raise":
-            require_finite_rewards(rewards, completions, step)
-        return rewards
+        ``torchrun`` (:func:`rlbook.rollout.sample_groups`)."""
+        return sample_groups(self.policy, self.tokenizer, self.task, self.config, step, self._prompt_shard,
+                             self.world.rank, self.device, self.reward_fn)
 
     @torch.no_grad()
     def evaluate(self, examples=None) -> float:
@@ -300,7 +246,7 @@ class Trainer:
         examples = share_of(self._held_out if examples is None else examples, world)
         accuracy = sampled_accuracy(self.policy, self.tokenizer, self.task, examples,
                                     self.config.max_completion_length,
-                                    seed=_seed(self.config.seed, -1, 0, world.rank),
+                                    seed=step_seed(self.config.seed, -1, 0, world.rank),
                                     temperature=self.config.temperature) if examples else 0.0
         return mean_over_ranks(accuracy, len(examples), world, self.device)
 
@@ -351,7 +297,7 @@ class Trainer:
         """The task's rule decides what is correct (the gold metric), also when a reward model or a proxy with a
         bonus (Task.length_bonus) gives the reward: (B,) bool."""
         return torch.as_tensor([self.task.is_correct(e, c, t) for e, c, t in zip(
-            self._per_completion(rollout.examples), rollout.completions, rollout.batch.truncated.tolist())],
+            per_completion(rollout.examples, self.config.num_generations), rollout.completions, rollout.batch.truncated.tolist())],
             device=self.device)
 
     def _old_numbers(self, batch: RolloutBatch, mask: torch.Tensor, metrics: dict) -> tuple:
@@ -405,10 +351,10 @@ class Trainer:
         offsets = row_offsets(scored.mask.shape[0], self.world)
         B = offsets[-1]
         rows_per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
-        generator = torch.Generator().manual_seed(_seed(config.seed, self.step))
+        generator = torch.Generator().manual_seed(step_seed(config.seed, self.step))
         # Clip-Cov's random draw: its own stream
         self._covariance_generator = torch.Generator().manual_seed(
-            _seed(config.seed, self.step, COVARIANCE_ROUND))
+            step_seed(config.seed, self.step, COVARIANCE_ROUND))
         sums: dict[str, list[float]] = {}
         models = [m for m in (self.policy, self.value_model) if m is not None]
         for model in models:
@@ -598,60 +544,16 @@ class Trainer:
     # --- saving and resuming --------------------------------------------------------------------------------
 
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Everything needed to continue, as data: the policy as ``path/model.safetensors`` with its config and
-        tokenizer (a folder :func:`rlbook.lm.load_policy` reads), and in ``path/trainer_state.pt`` the rest
-        (:func:`rlbook.files.trainer_state`: the value model's weights, optimizer state, step, history, config,
-        ...) as tensors and plain Python values (:func:`rlbook.files.to_plain`). The folder appears complete or
-        not at all, even if the process is killed while writing (:func:`rlbook.files.write_checkpoint`); a
-        failure raises :class:`rlbook.files.CheckpointError` and leaves earlier checkpoints intact. Under
-        torchrun only rank 0 writes (every process holds the same state)."""
+        """Everything needed to continue, as data, in the folder ``path`` (:func:`rlbook.files.write_checkpoint`
+        says what it holds; :func:`rlbook.lm.load_policy` reads its policy). The folder appears complete or not at
+        all; a failure raises :class:`rlbook.files.CheckpointError`. Under torchrun only rank 0 writes."""
         path = Path(path)
         if not self.world.is_main:
             return path
         return write_checkpoint(trainer_state(self), path, policy=self.policy, tokenizer=self.tokenizer)
 
     def resume(self, path: str | Path) -> Trainer:
-        """Load a :meth:`save_checkpoint` folder into this trainer (built with the same config,
-        ``max_steps`` aside: a run may be extended; :func:`rlbook.files.restore_trainer_state`) and
-        continue. An unreadable checkpoint raises :class:`rlbook.files.CheckpointError`, one that holds
-        more than data :class:`rlbook.files.UnsafeCheckpointError` (a ``ValueError``), a checkpoint of
-        another config ``ValueError``."""
+        """Load a :meth:`save_checkpoint` folder into this trainer (built with the same config, ``max_steps``
+        aside: a run may be extended) and continue; :func:`rlbook.files.restore_trainer_state` says what raises."""
         restore_trainer_state(self, read_checkpoint(path, self.device))
         return self
-
-
-def _seed(seed: int, step: int, round_: int = 0, rank: int = 0) -> int:
-    """A distinct, reproducible seed for each (run seed, step, generation round, process)."""
-    return int(np.random.default_rng([seed, step + 1, round_] + ([rank] if rank else [])).integers(2**62))
-
-
-class _Learner(torch.nn.Module):
-    """The models the update trains, as one module whose forward gives a micro-batch's log-probs (when
-    ``with_policy``), values (when there is a value model) and token entropies (when ``with_entropy``): what
-    ``DistributedDataParallel`` wraps, since it synchronises the gradients of what ran through its forward."""
-
-    def __init__(self, policy, value_model=None):
-        super().__init__()
-        self.policy, self.value_model = policy, value_model
-
-    def forward(self, input_ids, attention_mask, mask, temperature, *, with_policy=True, routes=None,
-                with_entropy=False):
-        logp = values = entropies = None
-        if with_policy:
-            # Routing Replay: pi_theta's log-probs on the routes pi_old took
-            replay = replay_routes(self.policy, routes) if routes is not None else contextlib.nullcontext()
-            with replay:
-                logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask, temperature=temperature,
-                                         with_entropy=with_entropy)
-            if with_entropy:
-                logp, entropies = logp
-        if self.value_model is not None:
-            values = token_values(self.value_model, input_ids, attention_mask, mask)
-        return logp, values, entropies
-
-
-def _frozen_copy(model):
-    reference = copy.deepcopy(model).eval()
-    for parameter in reference.parameters():
-        parameter.requires_grad_(False)
-    return reference
