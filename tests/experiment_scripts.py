@@ -32,6 +32,8 @@ CONFIG_FIELDS_ADDED = {
     "vllm_importance_sampling_correction": False, "vllm_importance_sampling_mode": "sequence_mask",
     "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0,
     "off_policy_mask_threshold": None,
+    # TRL 1.16's VESPO (issue 56), unused unless loss_type="vespo"
+    "vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0,
     # the entropy methods (TRL's and verl's names), each off at these values, and the training split
     "top_entropy_quantile": 1.0, "entropy_coef": 0.0, "use_adaptive_entropy": False, "entropy_coef_min": 0.0,
     "entropy_coef_max": 1.0, "entropy_coef_delta": 0.005, "entropy_target": 0.2, "covariance_method": None,
