@@ -41,6 +41,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from rlbook.integrations.trl import TRL_VERSION, as_config, grpo_kwargs, rloo_kwargs, unsupported
+from rlbook.losses import LOSS_TYPES
 from rlbook.presets import PRESETS, RLConfig
 
 ENGINES = ("TRL", "verl", "OpenRLHF")
@@ -100,11 +101,16 @@ def completions_per_optimizer_step(c: RLConfig) -> int:
     return c.per_device_train_batch_size * c.gradient_accumulation_steps
 
 
+# the book's aggregations that are means over each micro-batch (rlbook.losses.AGGREGATIONS), and what they count
+MICRO_BATCH_MEANS = {"completion_token_mean": "completions", "token_mean": "loss tokens",
+                     "completion_token_sum_mean": "completions"}
+
+
 def _micro_batch_note(c: RLConfig, engine_mode: str) -> str | None:
-    """The caveat of an engine's mean over the optimizer step where the book's ``grpo``/``bnpo`` (and ``sapo``,
-    aggregated as ``grpo``) mean over each micro-batch: only when they differ (``gradient_accumulation_steps > 1``)."""
-    if c.loss_type in ("grpo", "bnpo", "sapo") and c.gradient_accumulation_steps > 1:
-        of = "loss tokens" if c.loss_type == "bnpo" else "completions"
+    """The caveat of an engine's mean over the optimizer step where the book's aggregation (``grpo``, ``sapo``,
+    ``bnpo``, ``luspo``) means over each micro-batch: only when they differ (``gradient_accumulation_steps > 1``)."""
+    of = MICRO_BATCH_MEANS.get(LOSS_TYPES[c.loss_type][1])
+    if of is not None and c.gradient_accumulation_steps > 1:
         return (f"{engine_mode} divides by the {of} of the whole optimizer step, the book's {c.loss_type} by each "
                 f"micro-batch's; they agree when gradient_accumulation_steps = 1")
     return None
