@@ -401,8 +401,8 @@ def config_errors(c: RLConfig) -> list[str]:
             errors.append(f"{setting}={getattr(c, setting)!r} acts on PPO-Clip's token loss: it needs loss_type in "
                           f"{CLIPPED_LOSS_TYPES}{' at importance_sampling_level token' * (setting != 'delta')}, "
                           f"got {c.loss_type!r} at {c.importance_sampling_level!r}")
-    if chosen.check is not None and chosen.check(c):
-        errors.append(chosen.check(c))
+    if chosen.check is not None and (error := chosen.check(c)):
+        errors.append(error)
     return errors
 
 
