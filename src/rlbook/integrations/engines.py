@@ -176,7 +176,7 @@ def _entropy_coef(c: RLConfig, option: str, o: dict, notes: dict, aggregation: s
     if c.entropy_coef == 0.0 or c.use_adaptive_entropy:
         return
     o[option] = _str(c.entropy_coef)
-    if c.loss_type not in ("bnpo", "dapo", "cispo"):
+    if LOSS_TYPES[c.loss_type][1] not in ("token_mean", "global_token_mean"):  # not a token mean
         notes[option] = (f"the engine averages the entropy as it aggregates the loss ({aggregation}); the book, "
                          f"as TRL, takes the token mean, so the bonus weighs long and short completions otherwise")
 
