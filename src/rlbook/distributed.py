@@ -215,6 +215,29 @@ def global_counts(scored, micro_batches: list[torch.Tensor], world: World) -> to
     return all_reduce_sum(counts, world)
 
 
+def kept_rows(scored, rows: torch.Tensor, keep_all: bool) -> torch.Tensor:
+    """``rows`` without those that have no loss token (GFPO's filtered-out, DAPO's overlong), which add
+    nothing, unless ``keep_all`` (a value model still learns from them)."""
+    return rows if keep_all else rows[scored.loss_mask[rows].any(-1)]
+
+
+def micro_batches(scored, rows_of_step: torch.Tensor, offsets: list[int], size: int, world: World,
+                  keep_all: bool) -> tuple:
+    """An optimizer step's global rows cut into micro-batches of ``size`` rows, each as this process's rows
+    (global rows first .. first + B_local - 1 under torchrun), with what their losses divide by: under
+    torchrun each micro-batch's counts over all processes (:func:`global_counts`, of its :func:`kept_rows`)
+    and every process's loss tokens of the step (the "dapo" loss's num_items_in_batch); on one process no
+    counts and the step's own loss tokens."""
+    batches = [rows_of_step[k : k + size] for k in range(0, len(rows_of_step), size)]
+    if not world.distributed:
+        return batches, [None] * len(batches), scored.loss_mask[rows_of_step].sum()
+    first, B_local = offsets[world.rank], scored.mask.shape[0]
+    batches = [rows[(rows >= first) & (rows < first + B_local)] - first for rows in batches]
+    # the counts each micro-batch's losses divide by, of its kept rows over all processes, (k, 4)
+    counts = global_counts(scored, [kept_rows(scored, rows, keep_all) for rows in batches], world)
+    return batches, counts, counts[:, 1].sum()
+
+
 def average_grad(parameter: torch.Tensor, world: World) -> None:
     """Average the gradient of ``parameter`` over the ranks as DDP averages those of the module it
     wraps, for a parameter trained outside that module (λ-GRPO's λ). A rank whose backward did not

@@ -27,6 +27,7 @@ from typing import Callable
 
 import torch
 
+from rlbook.metrics import sampling_metrics
 from rlbook.nonfinite import require_finite
 from rlbook.objectives import (
     IMPORTANCE_SAMPLING_LEVELS,
@@ -43,6 +44,7 @@ from rlbook.objectives import (
     masked_mean,
     masked_sum,
     off_policy_sequence_mask,
+    sampler_importance_weights,
     sapo_surrogate,
     token_covariance,
     token_mean,
@@ -291,6 +293,17 @@ def entropy_weight(b: LossBatch, c: RLConfig, term: TokenLosses):
     if b.entropy_mask is None:
         return None
     return b.entropy_mask, {"entropy_mask/kept_mean": _share(b.entropy_mask, b.mask)}
+
+
+def sampler_correction(old_logp, sampler_logp, mask, c: RLConfig) -> tuple:
+    """The sampler-mismatch correction's weights, computed once per rollout: pi_old / pi_sampler per token or
+    completion, truncated or masked (TRL's ``vllm_importance_sampling_*``), and their ``sampling/*`` metrics;
+    ``(None, {})`` when off. :func:`sampler_weight` applies them."""
+    if not c.vllm_importance_sampling_correction:
+        return None, {}
+    ratio = sampler_importance_weights(old_logp, sampler_logp, mask, c.vllm_importance_sampling_mode,
+                                       c.vllm_importance_sampling_clip_min, c.vllm_importance_sampling_clip_max)
+    return ratio, sampling_metrics(old_logp, sampler_logp, ratio, mask, c.vllm_importance_sampling_mode)
 
 
 def sampler_weight(b: LossBatch, c: RLConfig, term: TokenLosses):

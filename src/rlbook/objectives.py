@@ -1115,10 +1115,10 @@ def dpo_loss(
 
 def __getattr__(name: str):
     """The loss's taxonomy and composer moved to :mod:`rlbook.losses`; these names still resolve here."""
+    if name not in ("policy_loss", "LOSS_TYPES", "CLIPPED_LOSS_TYPES"):  # (not on every lookup, e.g. __path__)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from rlbook import losses
 
     moved = {"policy_loss": losses.policy_loss_of, "LOSS_TYPES": tuple(losses.LOSS_TYPES),
              "CLIPPED_LOSS_TYPES": losses.CLIPPED_LOSS_TYPES}
-    if name in moved:
-        return moved[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return moved[name]

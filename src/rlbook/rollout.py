@@ -742,6 +742,14 @@ def per_completion(examples, num_generations: int) -> list:
     return [e for e in examples for _ in range(num_generations)]
 
 
+def verdicts(task, rollout: Rollout, num_generations: int, device) -> torch.Tensor:
+    """The task's rule decides what is correct (the gold metric), also when a reward model or a proxy with a
+    bonus (Task.length_bonus) gives the reward: (B,) bool."""
+    examples = per_completion(rollout.examples, num_generations)
+    return torch.as_tensor([task.is_correct(e, c, t) for e, c, t in zip(
+        examples, rollout.completions, rollout.batch.truncated.tolist())], device=device)
+
+
 def completion_rewards(reward_fn, examples, completions: list[str], batch: RolloutBatch, step: int,
                        num_generations: int, nonfinite_rewards: str) -> np.ndarray:
     """The reward of every completion by ``reward_fn``, (B,) float64; a wrong shape is an error, and so is a

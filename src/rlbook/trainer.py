@@ -7,7 +7,8 @@
 
 What makes an algorithm lives elsewhere: its settings in :mod:`rlbook.presets`, its advantage estimator in
 :mod:`rlbook.advantages`, its loss in :mod:`rlbook.losses` (ratio, surrogate, aggregation), the coefficients that
-move as it runs (the KL penalty's, the entropy bonus's) and the early stop in :mod:`rlbook.controllers`.
+move as it runs (the KL penalty's, the entropy bonus's) and the early stop in :mod:`rlbook.controllers`; the
+models' side (one module per forward, the optimizer, the old policy's numbers) in :mod:`rlbook.lm.learner`.
 Experiments watch or extend the loop through callbacks (:mod:`rlbook.callbacks`), never by overriding this class.
 
 Randomness comes from ``(seed, step)`` alone (prompts, sampling, minibatch order), so a run that is saved and
@@ -29,28 +30,25 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlbook.advantages import ESTIMATORS, VALUE_MODEL_ESTIMATORS, AdvantageInputs
+from rlbook.advantages import ESTIMATORS, AdvantageInputs
 from rlbook.callbacks import MetricsLogger, ProgressBar, TrainerCallback
 from rlbook.controllers import EntropyController, KLController, moved_too_far
-from rlbook.distributed import (World, average_grad, current_world, gather_rows, global_counts, mean_over_ranks,
-                                micro_batch_shares, reduce_metrics, row_offsets, rows_of_rank, shard_groups,
-                                share_of)
-from rlbook.files import read_checkpoint, restore_trainer_state, trainer_state, write_checkpoint
-from rlbook.lm import adamw, autocast
-from rlbook.lm.device import low_precision
-from rlbook.lm.learner import Learner, frozen_copy
-from rlbook.lm.moe import expert_choices, is_moe, routers
-from rlbook.lm.value import build_value_model, token_values
-from rlbook.losses import LossBatch, aggregation_of, policy_loss
-from rlbook.metrics import (explained_variance, reference_kl_metrics, rollout_metrics, sampling_metrics,
-                            update_summary)
+from rlbook.distributed import (World, average_grad, current_world, gather_rows, kept_rows, mean_over_ranks,
+                                micro_batch_shares, micro_batches, reduce_metrics, row_offsets, rows_of_rank,
+                                shard_groups, share_of)
+from rlbook.checkpointing import read_checkpoint, restore_trainer_state, trainer_state, write_checkpoint
+from rlbook.lm import autocast
+from rlbook.lm.device import synchronized_clock
+from rlbook.lm.learner import (Learner, check_routing, empty_backward, frozen_copy, lambda_parameter,
+                               learner_optimizer, old_numbers, value_model_for)
+from rlbook.lm.moe import is_moe
+from rlbook.losses import LossBatch, aggregation_of, policy_loss, sampler_correction
+from rlbook.metrics import explained_variance, rollout_metrics, update_summary
 from rlbook.nonfinite import require_finite
-from rlbook.objectives import (high_entropy_mask, lambda_grpo_weights, positive_example_nll,
-                               sampler_importance_weights, value_loss)
+from rlbook.objectives import high_entropy_mask, lambda_grpo_weights, positive_example_nll, value_loss
 from rlbook.presets import RLConfig
 from rlbook.presets import preset  # noqa: F401  (re-exported: rlbook.trainer.preset)
-from rlbook.rollout import (Rollout, RolloutBatch, ScoredRollout, per_completion, sample_groups, sequence_logprobs,
-                            step_seed)
+from rlbook.rollout import Rollout, ScoredRollout, sample_groups, step_seed, verdicts
 from rlbook.sft import sampled_accuracy
 from rlbook.tasks import Task
 from rlbook.tasks.shaping import shape_rewards
@@ -84,34 +82,18 @@ class Trainer:
         self._prompt_shard = shard_groups(config.num_prompts, self.world)
         self.device = next(policy.parameters()).device
         self.reward_fn = reward_fn or task.rewards
-        for name in ("routing_replay", "router_learning_rate"):
-            if getattr(config, name) not in (None, False) and not is_moe(policy):
-                raise ValueError(f"{name} needs a mixture-of-experts policy, but "
-                                 f"{type(policy).__name__} has no router; leave {name} unset")
+        check_routing(policy, config)
         self.reference = frozen_copy(policy) if config.beta > 0 else None
-        if value_model is not None and not config.needs_value_model:
-            raise ValueError(f"a value_model was given, but advantage_estimator="
-                             f"{config.advantage_estimator!r} uses none; drop value_model or use "
-                             f"an estimator that learns values {sorted(VALUE_MODEL_ESTIMATORS)}")
-        if config.needs_value_model and value_model is None:
-            value_model = build_value_model(policy, init=config.value_init, seed=config.seed)
-        self.value_model = value_model
+        self.value_model = value_model_for(policy, config, value_model)  # built when the estimator needs one
         # the trained models as one module, one forward per micro-batch: what DDP wraps
         self._learner = Learner(policy, self.value_model)
         if self.world.distributed:
             self._learner = torch.nn.parallel.DistributedDataParallel(
                 self._learner,
                 find_unused_parameters=self.value_model is not None or is_moe(policy))
-        self.optimizer = self._adamw()  # a MoE's routers in their own group at their own rate
+        self.optimizer = learner_optimizer(policy, self.value_model, config)  # routers at their own rate
         # λ-GRPO's learnable λ: its own parameter group, outside the clipping
-        self.response_weight_lambda = None
-        if config.lambda_grpo:
-            self.response_weight_lambda = torch.nn.Parameter(
-                torch.tensor(config.lambda_grpo_init, device=self.device))
-            self.optimizer.add_param_group({"params": [self.response_weight_lambda],
-                                            "weight_decay": 0.0,
-                                            "lr": config.lambda_grpo_learning_rate,
-                                            "name": "lambda"})
+        self.response_weight_lambda = lambda_parameter(config, self.optimizer, self.device)
         self.kl_control = KLController(config)  # β, which moves when adaptive_kl_target is set
         self.entropy_control = EntropyController(config)  # the entropy bonus and its coefficient
         self._covariance_generator = None  # Clip-Cov's draw, seeded per step in update()
@@ -122,17 +104,6 @@ class Trainer:
         self.history: list[dict] = []
         self._held_out = task.sample(config.eval_size, split="test",
                                      seed=np.random.default_rng([config.seed, HELD_OUT_SEED]))
-
-    def _adamw(self) -> torch.optim.Optimizer:
-        """AdamW over the policy's (and the value model's) parameters; a MoE's routers in their own group when
-        they learn at their own rate (``router_learning_rate``)."""
-        config, value_model = self.config, self.value_model
-        params = list(self.policy.parameters()) + (list(value_model.parameters()) if value_model else [])
-        gates = [gate.weight for gate in routers(self.policy)] if config.router_learning_rate is not None else []
-        groups = [{"params": [p for p in params if all(p is not g for g in gates)]}]
-        if gates:
-            groups.append({"params": gates, "lr": config.router_learning_rate, "name": "router"})
-        return adamw(groups, lr=config.learning_rate, weight_decay=config.weight_decay)
 
     # the controllers' state as the trainer's attributes (a checkpoint saves and restores them)
     kl_coef = property(lambda self: self.kl_control.coef,
@@ -176,20 +147,20 @@ class Trainer:
     def train_step(self) -> dict:
         """Sample, score, update; returns this step's metrics (also appended to ``history``)."""
         config = self.config
-        timer = self._clock()
+        timer = synchronized_clock(self.device)
         rollout = self.sample_rollout(self.step)
         time_reward = rollout.metrics.pop("time/reward")
-        time_generate = self._clock() - timer - time_reward
+        time_generate = synchronized_clock(self.device) - timer - time_reward
         extra = self._notify("on_rollout_end", rollout)
 
-        timer = self._clock()
+        timer = synchronized_clock(self.device)
         scored = self.score(rollout)
-        time_score = self._clock() - timer
+        time_score = synchronized_clock(self.device) - timer
         extra.update(self._notify("on_score_end", scored))
 
-        timer = self._clock()
+        timer = synchronized_clock(self.device)
         update_metrics = self.update(scored)
-        time_update = self._clock() - timer
+        time_update = synchronized_clock(self.device) - timer
         extra.update(self._notify("on_update_end", scored))
 
         metrics = {
@@ -214,13 +185,6 @@ class Trainer:
         self.history.append(metrics)
         self._notify("on_step_end", metrics)
         return metrics
-
-    def _clock(self) -> float:
-        """Seconds, for the phases' timings; on a GPU after waiting for the work queued so far (CUDA runs
-        asynchronously, so an unsynchronised clock charges one phase's kernels to the next)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
 
     def _notify(self, hook: str, *args) -> dict:
         """Call ``hook`` of every callback; the metrics they return, merged."""
@@ -258,14 +222,15 @@ class Trainer:
         task's verdict, and the advantages of ``ESTIMATORS[config.advantage_estimator]``."""
         config, batch, world, metrics = self.config, rollout.batch, self.world, {}
         mask = batch.completion_mask.float()
-        correct = self._verdicts(rollout)
+        correct = verdicts(self.task, rollout, config.num_generations, self.device)
         # DAPO's soft overlong punishment, added to the reward
         rewards = shape_rewards(rollout, config)
         # Overlong filtering (DAPO): a completion cut off at the budget gets no loss; its reward
         # still counts in its group's mean and std.
         loss_mask = (mask * (~batch.truncated)[:, None] if config.mask_truncated_completions
                      else mask)
-        old_logp, ref_logp, old_values, routes = self._old_numbers(batch, mask, metrics)
+        old_logp, ref_logp, old_values, routes = old_numbers(self.policy, self.reference, self.value_model,
+                                                             batch, mask, config, self.device, metrics)
         # Where the KL penalty goes: into the per-token reward (PPO-RLHF: -beta k1 at every token),
         # or into the loss (GRPO: + beta k3 per token, in policy_loss).
         scores = torch.as_tensor(rewards, dtype=torch.float32, device=self.device)
@@ -287,57 +252,12 @@ class Trainer:
         if estimate.keep is not None:
             loss_mask = loss_mask * estimate.keep[:, None]
         metrics.update(estimate.metrics)
-        is_ratio = self._sampler_correction(old_logp, batch.logprobs, mask, metrics)
+        is_ratio, sampling = sampler_correction(old_logp, batch.logprobs, mask, config)
+        metrics.update(sampling)
         return ScoredRollout(rollout, batch.input_ids, batch.attention_mask, mask, loss_mask,
                              mask.sum(-1), rewards, correct, old_logp, estimate.advantages,
                              ref_logp, old_values, estimate.returns, metrics, routes,
                              sampler_logp=batch.logprobs, importance_sampling_ratio=is_ratio)
-
-    def _verdicts(self, rollout: Rollout) -> torch.Tensor:
-        """The task's rule decides what is correct (the gold metric), also when a reward model or a proxy with a
-        bonus (Task.length_bonus) gives the reward: (B,) bool."""
-        return torch.as_tensor([self.task.is_correct(e, c, t) for e, c, t in zip(
-            per_completion(rollout.examples, self.config.num_generations), rollout.completions, rollout.batch.truncated.tolist())],
-            device=self.device)
-
-    def _old_numbers(self, batch: RolloutBatch, mask: torch.Tensor, metrics: dict) -> tuple:
-        """What the updates compare against, in the training forward's precision: pi_old's log-probs, the
-        reference's (the KL to it into ``metrics``), the critic's values, and the experts pi_old routes every token
-        to (Routing Replay: the updates reuse them).
-
-        The sampler's log-probs are the behaviour policy's; with several updates per rollout, a sampler at another
-        temperature, or arithmetic below float32 (bf16 autocast on a GPU: the cached decode and the training
-        forward round differently) we recompute them with the training forward pass, so that the first ratio is
-        exactly 1 (as TRL does), unless old_logprobs="sampler". The sampler-mismatch correction compares the two,
-        so it always recomputes (as TRL does with vLLM)."""
-        c, input_ids, attention_mask = self.config, batch.input_ids, batch.attention_mask
-        with autocast(self.device):  # (low_precision reads it)
-            if c.old_logprobs == "learner" and (
-                    c.num_iterations > 1 or c.steps_per_generation > c.gradient_accumulation_steps
-                    or c.sampling_temperature != c.temperature or c.vllm_importance_sampling_correction
-                    or low_precision(self.policy)):
-                old_logp = sequence_logprobs(self.policy, input_ids, attention_mask, mask, temperature=c.temperature)
-            else:
-                old_logp = batch.logprobs
-            ref_logp = None
-            if self.reference is not None:
-                ref_logp = sequence_logprobs(self.reference, input_ids, attention_mask, mask, temperature=c.temperature)
-                metrics.update(reference_kl_metrics(old_logp, ref_logp, mask))
-            old_values = token_values(self.value_model, input_ids, attention_mask, mask) if self.value_model else None
-            routes = expert_choices(self.policy, input_ids, attention_mask) if c.routing_replay else None
-        return old_logp, ref_logp, old_values, routes
-
-    def _sampler_correction(self, old_logp, sampler_logp, mask, metrics: dict) -> torch.Tensor | None:
-        """The sampler-mismatch correction: pi_old / pi_sampler per token or completion, truncated or masked, a
-        weight on each token's policy loss (TRL's vllm_importance_sampling_*), with its ``sampling/*`` metrics
-        into ``metrics``; None when off."""
-        c = self.config
-        if not c.vllm_importance_sampling_correction:
-            return None
-        is_ratio = sampler_importance_weights(old_logp, sampler_logp, mask, c.vllm_importance_sampling_mode,
-                                              c.vllm_importance_sampling_clip_min, c.vllm_importance_sampling_clip_max)
-        metrics.update(sampling_metrics(old_logp, sampler_logp, is_ratio, mask, c.vllm_importance_sampling_mode))
-        return is_ratio
 
     # --- the update -----------------------------------------------------------------------------------------
 
@@ -363,10 +283,10 @@ class Trainer:
         for _ in range(config.num_iterations):
             order = torch.randperm(B, generator=generator).to(self.device)
             for start in range(0, B, rows_per_step):
-                micro_batches, counts, tokens_of_step = self._micro_batches(
-                    scored, order[start : start + rows_per_step], offsets)
-                step_kl = self._accumulate_gradients(scored, micro_batches, counts, tokens_of_step,
-                                                     value_only, sums)
+                batches, counts, tokens_of_step = micro_batches(
+                    scored, order[start : start + rows_per_step], offsets,
+                    config.per_device_train_batch_size, self.world, self.value_model is not None)
+                step_kl = self._accumulate_gradients(scored, batches, counts, tokens_of_step, value_only, sums)
                 optimizer_steps += self._optimizer_step(sums)
                 if self.entropy_control.on and not value_only:
                     self.entropy_control.end_window(self.world, self.device)
@@ -382,28 +302,12 @@ class Trainer:
         return update_summary(sums, optimizer_steps,
                               stopped if config.early_stop_kl is not None else None)
 
-    def _micro_batches(self, scored: ScoredRollout, rows_of_step: torch.Tensor, offsets: list[int]) -> tuple:
-        """An optimizer step's global rows cut into micro-batches of this process's rows (global rows first ..
-        first + B_local - 1 under torchrun), with what their losses divide by: under torchrun each micro-batch's
-        counts over all processes (:func:`rlbook.distributed.global_counts`) and every process's loss tokens of
-        the step (the "dapo" loss's num_items_in_batch); on one process no counts and the step's own loss
-        tokens."""
-        micro, world = self.config.per_device_train_batch_size, self.world
-        micro_batches = [rows_of_step[k : k + micro] for k in range(0, len(rows_of_step), micro)]
-        if not world.distributed:
-            return micro_batches, [None] * len(micro_batches), scored.loss_mask[rows_of_step].sum()
-        first, B_local = offsets[world.rank], scored.mask.shape[0]
-        micro_batches = [rows[(rows >= first) & (rows < first + B_local)] - first for rows in micro_batches]
-        # the counts each micro-batch's losses divide by, of its kept rows over all processes, (k, 4)
-        counts = global_counts(scored, [self._kept_rows(scored, rows) for rows in micro_batches], world)
-        return micro_batches, counts, counts[:, 1].sum()
-
-    def _accumulate_gradients(self, scored, micro_batches, counts, tokens_of_step, value_only, sums) -> list:
+    def _accumulate_gradients(self, scored, batches, counts, tokens_of_step, value_only, sums) -> list:
         """One optimizer step's micro-batches backpropagated into zeroed gradients, their metrics appended to
         ``sums``; returns their ``approx_kl`` values (for the early stop)."""
         self.optimizer.zero_grad(set_to_none=True)
         step_kl = []
-        for rows, count in zip(micro_batches, counts):
+        for rows, count in zip(batches, counts):
             metrics = self._micro_batch_backward(scored, rows, tokens_of_step, value_only, count)
             for key, value in metrics.items():
                 sums.setdefault(key, []).append(value)
@@ -426,25 +330,20 @@ class Trainer:
         self.optimizer.step()
         return 1
 
-    def _kept_rows(self, scored: ScoredRollout, rows: torch.Tensor) -> torch.Tensor:
-        """``rows`` without those that have no loss token (GFPO's filtered-out, DAPO's overlong), which add
-        nothing, unless a value model still learns from them."""
-        return rows if self.value_model is not None else rows[scored.loss_mask[rows].any(-1)]
-
     def _micro_batch_backward(self, scored: ScoredRollout, rows, tokens_of_step,
                               value_only=False, counts=None) -> dict:
         """The loss of one micro-batch (policy loss, entropy bonus, VAPO's NLL, the value loss),
         backpropagated; its metrics. Each loss is multiplied by its share of the whole batch's
-        (:func:`rlbook.distributed.micro_batch_shares`): exactly 1 on one process; under torchrun
-        ``counts`` holds the micro-batch's counts over all processes (:meth:`_micro_batches`), and
-        the share rescales the loss from this process's count to them."""
+        (:func:`rlbook.distributed.micro_batch_shares`): exactly 1 on one process; under torchrun ``counts``
+        holds the micro-batch's counts over all processes (:func:`rlbook.distributed.micro_batches`), and the
+        share rescales the loss from this process's count to them."""
         config, accumulate = self.config, self.config.gradient_accumulation_steps
-        rows = self._kept_rows(scored, rows)
+        rows = kept_rows(scored, rows, self.value_model is not None)
         if counts is not None:
             if counts[0] == 0:  # no process has a row to learn from: no backward anywhere
                 return {}
             if len(rows) == 0:  # others have: a forward DDP can wait on, whose gradient is 0
-                return self._empty_backward(scored, value_only)
+                return empty_backward(self._learner, scored, config.temperature, value_only, self.device)
         mask, loss_mask = scored.mask[rows], scored.loss_mask[rows]
         shares = micro_batch_shares(aggregation_of(config).divides_by, loss_mask,
                                     scored.correct[rows], mask, counts, self.world)
@@ -512,18 +411,6 @@ class Trainer:
         metrics["loss/value"] = v_loss.item()
         return v_loss
 
-    def _empty_backward(self, scored: ScoredRollout, value_only: bool) -> dict:
-        """Under torchrun, a micro-batch that holds none of this process's rows while others' hold some: DDP
-        averages gradients over every process, so this one runs a forward on one of its rows and backpropagates
-        zero times its output."""
-        row = torch.zeros(1, dtype=torch.long, device=self.device)
-        with autocast(self.device):
-            outputs = self._learner(scored.input_ids[row], scored.attention_mask[row], scored.mask[row],
-                                    self.config.temperature, with_policy=not value_only,
-                                    routes=None if scored.routes is None else scored.routes[:, row])
-        sum(0.0 * out.sum() for out in outputs if out is not None).backward()
-        return {}
-
     def pretrain_value(self, steps: int) -> list[dict]:
         """VAPO's value pretraining: ``steps`` rounds of sampling from the (frozen) current policy
         and fitting only the value model, so that the first advantages do not come from an untrained
@@ -544,9 +431,9 @@ class Trainer:
     # --- saving and resuming --------------------------------------------------------------------------------
 
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Everything needed to continue, as data, in the folder ``path`` (:func:`rlbook.files.write_checkpoint`
+        """Everything needed to continue, as data, in the folder ``path`` (:func:`rlbook.checkpointing.write_checkpoint`
         says what it holds; :func:`rlbook.lm.load_policy` reads its policy). The folder appears complete or not at
-        all; a failure raises :class:`rlbook.files.CheckpointError`. Under torchrun only rank 0 writes."""
+        all; a failure raises :class:`rlbook.checkpointing.CheckpointError`. Under torchrun only rank 0 writes."""
         path = Path(path)
         if not self.world.is_main:
             return path
@@ -554,6 +441,6 @@ class Trainer:
 
     def resume(self, path: str | Path) -> Trainer:
         """Load a :meth:`save_checkpoint` folder into this trainer (built with the same config, ``max_steps``
-        aside: a run may be extended) and continue; :func:`rlbook.files.restore_trainer_state` says what raises."""
+        aside: a run may be extended) and continue (:func:`rlbook.checkpointing.restore_trainer_state` raises)."""
         restore_trainer_state(self, read_checkpoint(path, self.device))
         return self

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 
 import torch
 
@@ -61,6 +62,14 @@ def low_precision(model: torch.nn.Module) -> bool:
 
 
 @functools.cache
+def synchronized_clock(device: torch.device) -> float:
+    """Seconds, for timing phases; on a GPU after waiting for the work queued so far (CUDA runs asynchronously,
+    so an unsynchronised clock charges one phase's kernels to the next)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def _native_bf16(index: int | None) -> bool:
     """Does CUDA GPU ``index`` (None: the current one) compute in bf16 natively (compute capability >= 8.0)?"""
     return torch.cuda.get_device_capability(index)[0] >= 8
