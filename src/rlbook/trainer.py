@@ -84,14 +84,14 @@ class Trainer:
         self.reward_fn = reward_fn or task.rewards
         check_routing(policy, config)
         self.reference = frozen_copy(policy) if config.beta > 0 else None
-        self.value_model = value_model_for(policy, config, value_model)  # built when the estimator needs one
+        self.value_model = value_model_for(policy, config, value_model)
         # the trained models as one module, one forward per micro-batch: what DDP wraps
         self._learner = Learner(policy, self.value_model)
         if self.world.distributed:
             self._learner = torch.nn.parallel.DistributedDataParallel(
                 self._learner,
                 find_unused_parameters=self.value_model is not None or is_moe(policy))
-        self.optimizer = learner_optimizer(policy, self.value_model, config)  # routers at their own rate
+        self.optimizer = learner_optimizer(policy, self.value_model, config)
         # λ-GRPO's learnable λ: its own parameter group, outside the clipping
         self.response_weight_lambda = lambda_parameter(config, self.optimizer, self.device)
         self.kl_control = KLController(config)  # β, which moves when adaptive_kl_target is set
@@ -229,8 +229,9 @@ class Trainer:
         # still counts in its group's mean and std.
         loss_mask = (mask * (~batch.truncated)[:, None] if config.mask_truncated_completions
                      else mask)
-        old_logp, ref_logp, old_values, routes = old_numbers(self.policy, self.reference, self.value_model,
-                                                             batch, mask, config, self.device, metrics)
+        models = self.policy, self.reference, self.value_model
+        old_logp, ref_logp, old_values, routes = old_numbers(
+            *models, batch, mask, config, self.device, metrics)
         # Where the KL penalty goes: into the per-token reward (PPO-RLHF: -beta k1 at every token),
         # or into the loss (GRPO: + beta k3 per token, in policy_loss).
         scores = torch.as_tensor(rewards, dtype=torch.float32, device=self.device)
@@ -286,7 +287,8 @@ class Trainer:
                 batches, counts, tokens_of_step = micro_batches(
                     scored, order[start : start + rows_per_step], offsets,
                     config.per_device_train_batch_size, self.world, self.value_model is not None)
-                step_kl = self._accumulate_gradients(scored, batches, counts, tokens_of_step, value_only, sums)
+                step_kl = self._accumulate_gradients(scored, batches, counts, tokens_of_step,
+                                                     value_only, sums)
                 optimizer_steps += self._optimizer_step(sums)
                 if self.entropy_control.on and not value_only:
                     self.entropy_control.end_window(self.world, self.device)
@@ -334,16 +336,18 @@ class Trainer:
                               value_only=False, counts=None) -> dict:
         """The loss of one micro-batch (policy loss, entropy bonus, VAPO's NLL, the value loss),
         backpropagated; its metrics. Each loss is multiplied by its share of the whole batch's
-        (:func:`rlbook.distributed.micro_batch_shares`): exactly 1 on one process; under torchrun ``counts``
-        holds the micro-batch's counts over all processes (:func:`rlbook.distributed.micro_batches`), and the
-        share rescales the loss from this process's count to them."""
+        (:func:`rlbook.distributed.micro_batch_shares`): exactly 1 on one process; under
+        torchrun ``counts`` holds the micro-batch's counts over all processes
+        (:func:`rlbook.distributed.micro_batches`), and the share rescales the loss from this
+        process's count to them."""
         config, accumulate = self.config, self.config.gradient_accumulation_steps
         rows = kept_rows(scored, rows, self.value_model is not None)
         if counts is not None:
             if counts[0] == 0:  # no process has a row to learn from: no backward anywhere
                 return {}
             if len(rows) == 0:  # others have: a forward DDP can wait on, whose gradient is 0
-                return empty_backward(self._learner, scored, config.temperature, value_only, self.device)
+                return empty_backward(self._learner, scored, config.temperature, value_only,
+                                      self.device)
         mask, loss_mask = scored.mask[rows], scored.loss_mask[rows]
         shares = micro_batch_shares(aggregation_of(config).divides_by, loss_mask,
                                     scored.correct[rows], mask, counts, self.world)

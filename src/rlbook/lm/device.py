@@ -61,7 +61,6 @@ def low_precision(model: torch.nn.Module) -> bool:
                                                          for p in model.parameters())
 
 
-@functools.cache
 def synchronized_clock(device: torch.device) -> float:
     """Seconds, for timing phases; on a GPU after waiting for the work queued so far (CUDA runs asynchronously,
     so an unsynchronised clock charges one phase's kernels to the next)."""
@@ -70,6 +69,7 @@ def synchronized_clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+@functools.cache
 def _native_bf16(index: int | None) -> bool:
     """Does CUDA GPU ``index`` (None: the current one) compute in bf16 natively (compute capability >= 8.0)?"""
     return torch.cuda.get_device_capability(index)[0] >= 8
