@@ -109,23 +109,7 @@ def gae(
     padding. Computed without a loop over time steps: ``A = δ M`` with the upper-triangular discount
     matrix ``M[s, t] = (γλ)^(t−s)`` for ``t ≥ s`` (memory B·T² for a per-row λ, T² otherwise).
     """
-    _check_same_shape(rewards=rewards, values=values, mask=mask)
-    if rewards.dim() != 2:
-        raise ValueError("rewards, values and mask must be (B, T), got shape "
-                         f"{tuple(rewards.shape)}")
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
-    mask = mask.bool()
-    _check_right_padded(mask)
-    require_finite("rewards", rewards, mask=mask)
-    require_finite("values", values, mask=mask)
-    lam = torch.as_tensor(lam, dtype=rewards.dtype, device=rewards.device)
-    if lam.dim() not in (0, 1) or (lam.dim() == 1 and lam.shape[0] != rewards.shape[0]):
-        raise ValueError(f"lam must be a float or a (B,) = ({rewards.shape[0]},) tensor, got shape "
-                         f"{tuple(lam.shape)}")
-    if not bool(((lam >= 0) & (lam <= 1)).all()):
-        raise ValueError(f"lam must lie in [0, 1], got {lam.tolist()}")
-
+    mask, lam = _check_gae(rewards, values, mask, gamma, lam)
     zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
     rewards, values = torch.where(mask, rewards, zero), torch.where(mask, values, zero)
     # padding is already 0
@@ -185,9 +169,7 @@ def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int) -> tor
     Unlike the plain group mean, the baseline does not depend on r_i itself, so the gradient
     estimate stays unbiased.
     """
-    G = _check_groups(rewards, num_generations)
-    if G < 2:
-        raise ValueError(f"a leave-one-out baseline needs num_generations >= 2, got {G}")
+    G = _check_leave_one_out_advantages(rewards, num_generations)
     return group_advantages(rewards, G, scale_rewards="none") * (G / (G - 1))
 
 
@@ -205,21 +187,8 @@ def gfpo_keep_mask(
     group (N,) (see :func:`gfpo_adaptive_k`). The advantages are then computed over the kept ones
     only (``group_advantages(..., keep_mask=...)``), and the others get 0.
     """
-    G = _check_groups(rewards, num_generations)
-    if lengths.shape != rewards.shape:
-        raise ValueError(f"lengths must have the rewards' shape {tuple(rewards.shape)}, got "
-                         f"{tuple(lengths.shape)}")
-    if metric not in ("length", "token_efficiency"):
-        raise ValueError(f"unknown GFPO metric {metric!r}; choose 'length' or 'token_efficiency'")
+    G, k = _check_gfpo_keep_mask(rewards, lengths, num_generations, k, metric)
     N = rewards.numel() // G
-    k = torch.as_tensor(k, device=rewards.device)
-    if k.shape not in ((), (N,)):
-        raise ValueError(f"k must be one number or one per group, ({N},), got shape "
-                         f"{tuple(k.shape)}")
-    k = k.expand(N)
-    if bool(((k < 1) | (k > G)).any()):
-        raise ValueError(f"k must lie in [1, num_generations = {G}] for every group, got "
-                         f"{k.tolist()}")
     if metric == "length":
         score = -lengths.to(torch.float64)  # higher is better: shorter
     else:
@@ -239,14 +208,7 @@ def gfpo_adaptive_k(rewards: torch.Tensor, num_generations: int,
     hardest. The paper estimates difficulty on the fly without giving the formula in what we could
     read; this bucketing is our assumption.
     """
-    G = _check_groups(rewards, num_generations)
-    k_values = torch.as_tensor(k_by_difficulty, device=rewards.device)
-    if k_values.dim() != 1 or len(k_values) == 0:
-        raise ValueError("k_by_difficulty must be a non-empty sequence of k, one per difficulty "
-                         f"bucket, got {k_by_difficulty!r}")
-    if bool(((k_values < 1) | (k_values > G)).any()):
-        raise ValueError(f"every k must lie in [1, num_generations = {G}], got k_by_difficulty="
-                         f"{list(k_by_difficulty)}")
+    G, k_values = _check_gfpo_adaptive_k(rewards, num_generations, k_by_difficulty)
     means = rewards.view(-1, G).mean(-1)
     N = means.numel()
     easiest_first = torch.sort(-means, stable=True).indices
@@ -312,6 +274,108 @@ def lambda_grpo_weights(
     the floor ``h_min``.
     """
     return num_generations * lambda_grpo_softmax(lengths, num_generations, lam, r, eps, h_min)
+
+def _check_gae(rewards, values, mask, gamma, lam):
+    """:func:`gae`' arguments; returns the mask as bool and λ as a tensor (a scalar or (B,))."""
+    _check_same_shape(rewards=rewards, values=values, mask=mask)
+    if rewards.dim() != 2:
+        raise ValueError("rewards, values and mask must be (B, T), got shape "
+                         f"{tuple(rewards.shape)}")
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
+    mask = mask.bool()
+    _check_right_padded(mask)
+    require_finite("rewards", rewards, mask=mask)
+    require_finite("values", values, mask=mask)
+    lam = torch.as_tensor(lam, dtype=rewards.dtype, device=rewards.device)
+    if lam.dim() not in (0, 1) or (lam.dim() == 1 and lam.shape[0] != rewards.shape[0]):
+        raise ValueError(f"lam must be a float or a (B,) = ({rewards.shape[0]},) tensor, got shape "
+                         f"{tuple(lam.shape)}")
+    if not bool(((lam >= 0) & (lam <= 1)).all()):
+        raise ValueError(f"lam must lie in [0, 1], got {lam.tolist()}")
+    return mask, lam
+
+
+def _check_leave_one_out_advantages(rewards, num_generations):
+    """:func:`leave_one_out_advantages`' arguments; returns the group size G."""
+    G = _check_groups(rewards, num_generations)
+    if G < 2:
+        raise ValueError(f"a leave-one-out baseline needs num_generations >= 2, got {G}")
+    return G
+
+
+def _check_gfpo_keep_mask(rewards, lengths, num_generations, k, metric):
+    """:func:`gfpo_keep_mask`' arguments; returns the group size G and k as a tensor, one per group (N,)."""
+    G = _check_groups(rewards, num_generations)
+    if lengths.shape != rewards.shape:
+        raise ValueError(f"lengths must have the rewards' shape {tuple(rewards.shape)}, got "
+                         f"{tuple(lengths.shape)}")
+    if metric not in ("length", "token_efficiency"):
+        raise ValueError(f"unknown GFPO metric {metric!r}; choose 'length' or 'token_efficiency'")
+    N = rewards.numel() // G
+    k = torch.as_tensor(k, device=rewards.device)
+    if k.shape not in ((), (N,)):
+        raise ValueError(f"k must be one number or one per group, ({N},), got shape "
+                         f"{tuple(k.shape)}")
+    k = k.expand(N)
+    if bool(((k < 1) | (k > G)).any()):
+        raise ValueError(f"k must lie in [1, num_generations = {G}] for every group, got "
+                         f"{k.tolist()}")
+    return G, k
+
+
+def _check_gfpo_adaptive_k(rewards, num_generations, k_by_difficulty):
+    """:func:`gfpo_adaptive_k`' arguments; returns the group size G and the k's as a tensor."""
+    G = _check_groups(rewards, num_generations)
+    k_values = torch.as_tensor(k_by_difficulty, device=rewards.device)
+    if k_values.dim() != 1 or len(k_values) == 0:
+        raise ValueError("k_by_difficulty must be a non-empty sequence of k, one per difficulty "
+                         f"bucket, got {k_by_difficulty!r}")
+    if bool(((k_values < 1) | (k_values > G)).any()):
+        raise ValueError(f"every k must lie in [1, num_generations = {G}], got k_by_difficulty="
+                         f"{list(k_by_difficulty)}")
+    return G, k_values
+
+
+def _check_rlhf_token_rewards(scores, logp, ref_logp, mask, beta, kl_kind):
+    """:func:`rlhf_token_rewards`' arguments; returns the mask as bool."""
+    if beta < 0 or not math.isfinite(beta):
+        raise ValueError(f"beta must be a finite number >= 0, got {beta}")
+    if kl_kind not in KL_KINDS:
+        raise ValueError(f"unknown kl_kind {kl_kind!r}; choose one of {KL_KINDS}")
+    _check_same_shape(logp=logp, ref_logp=ref_logp, mask=mask)
+    mask = mask.bool()
+    if scores.shape != logp.shape[:1]:
+        raise ValueError(f"scores must be one per row, shape ({logp.shape[0]},), got "
+                         f"{tuple(scores.shape)}")
+    if not bool(torch.isfinite(scores).all()):
+        raise ValueError(f"scores must be finite, got {scores.tolist()}")
+    lengths = mask.sum(-1)
+    if not bool((lengths > 0).all()):
+        raise ValueError("every row of mask needs at least one completion token; rows "
+                         f"{(lengths == 0).nonzero().flatten().tolist()} have none")
+    _check_right_padded(mask)
+    return mask
+
+
+def _check_adaptive_kl_coef(kl, target, num_samples, horizon):
+    """:func:`adaptive_kl_coef`' arguments."""
+    if not target > 0 or not horizon > 0 or num_samples < 0:
+        raise ValueError(f"target and horizon must be positive and num_samples >= 0, got {target}, "
+                         f"{horizon}, {num_samples}")
+    if not math.isfinite(kl):
+        raise ValueError(f"the measured KL must be finite, got {kl}")
+
+
+def _check_length_adaptive_lam(lengths, alpha):
+    """:func:`length_adaptive_lam`' arguments; returns the lengths in float64."""
+    if not alpha > 0:
+        raise ValueError(f"alpha must be positive, got {alpha}")
+    lengths = lengths.to(torch.float64)
+    if bool((lengths <= 0).any()):
+        raise ValueError(f"lengths must be positive, got {lengths.tolist()}")
+    return lengths
+
 
 def _check_group_advantages(rewards, num_generations, scale_rewards, eps, keep_mask):
     """:func:`group_advantages`' arguments; returns the group size G and the kept completions as
@@ -391,22 +455,8 @@ def rlhf_token_rewards(
     TRL's PPO). verl, OpenRLHF and we put the score at the last real token; TRL's PPO puts it one
     position later.
     """
-    if beta < 0 or not math.isfinite(beta):
-        raise ValueError(f"beta must be a finite number >= 0, got {beta}")
-    if kl_kind not in KL_KINDS:
-        raise ValueError(f"unknown kl_kind {kl_kind!r}; choose one of {KL_KINDS}")
-    _check_same_shape(logp=logp, ref_logp=ref_logp, mask=mask)
-    mask = mask.bool()
-    if scores.shape != logp.shape[:1]:
-        raise ValueError(f"scores must be one per row, shape ({logp.shape[0]},), got "
-                         f"{tuple(scores.shape)}")
-    if not bool(torch.isfinite(scores).all()):
-        raise ValueError(f"scores must be finite, got {scores.tolist()}")
+    mask = _check_rlhf_token_rewards(scores, logp, ref_logp, mask, beta, kl_kind)
     lengths = mask.sum(-1)
-    if not bool((lengths > 0).all()):
-        raise ValueError("every row of mask needs at least one completion token; rows "
-                         f"{(lengths == 0).nonzero().flatten().tolist()} have none")
-    _check_right_padded(mask)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     kl = torch.where(mask, kl_estimate(torch.where(mask, logp, zero),
                                        torch.where(mask, ref_logp, zero), kl_kind), zero)
@@ -427,11 +477,7 @@ def adaptive_kl_coef(beta: float, kl: float, target: float, num_samples: int,
     below it, by at most 20 % per ``horizon`` samples. Implementation practice, not part of the PPO
     paper.
     """
-    if not target > 0 or not horizon > 0 or num_samples < 0:
-        raise ValueError(f"target and horizon must be positive and num_samples >= 0, got {target}, "
-                         f"{horizon}, {num_samples}")
-    if not math.isfinite(kl):
-        raise ValueError(f"the measured KL must be finite, got {kl}")
+    _check_adaptive_kl_coef(kl, target, num_samples, horizon)
     error = min(max(kl / target - 1.0, -0.2), 0.2)
     return beta * (1.0 + error * num_samples / horizon)
 
@@ -445,11 +491,7 @@ def length_adaptive_lam(lengths: torch.Tensor, alpha: float = 0.05) -> torch.Ten
     clamp λ to [0, 1], so a completion shorter than 1/α tokens uses λ = 0 (one-step TD), which is
     the formula's limit at α·l = 1.
     """
-    if not alpha > 0:
-        raise ValueError(f"alpha must be positive, got {alpha}")
-    lengths = lengths.to(torch.float64)
-    if bool((lengths <= 0).any()):
-        raise ValueError(f"lengths must be positive, got {lengths.tolist()}")
+    lengths = _check_length_adaptive_lam(lengths, alpha)
     return (1.0 - 1.0 / (alpha * lengths)).clamp(min=0.0, max=1.0).to(torch.float32)
 
 
@@ -472,9 +514,7 @@ def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
 
     Sequence levels need at least one masked token per row.
     """
-    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(f"unknown importance_sampling_level {importance_sampling_level!r}; "
-                         f"choose one of {IMPORTANCE_SAMPLING_LEVELS}")
+    _check_log_ratio(importance_sampling_level)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     token = torch.where(mask, logp - old_logp, zero)  # padding may hold garbage: keep it out of exp
     if importance_sampling_level == "token":
@@ -527,10 +567,7 @@ def gmpo_surrogate(
     min(Δ, clip(Δ, −ε, ε_high)); A ≤ 0: max(Δ, clip(Δ, −ε, ε_high))), and the loss is
     −A_i · exp(Σ_t m Δ̃_t / |o_i|): the advantage times the *geometric* mean of the clipped token
     ratios. ε is in log space (0.4 in GMPO)."""
-    if not bool((mask.sum(-1) > 0).all()):
-        rows = (mask.sum(-1) == 0).nonzero().flatten().tolist()
-        raise ValueError(f"rows {rows[:5]} of mask have no token: GMPO's geometric mean needs at "
-                         "least one")
+    _check_gmpo_surrogate(mask)
     # constant over a row for the group methods
     row_advantage = masked_mean(advantages, mask, dim=-1)
     positive = (row_advantage > 0)[:, None]
@@ -736,14 +773,8 @@ def adaptive_entropy_coef(entropy_coef: float, entropy: float, *, entropy_target
     The bonus −c·H is added to the loss only while H ≤ H_target (the trainer applies the coefficient
     that the *previous* step's entropy decided, as TRL does), so the controller raises entropy when
     it falls below the target and otherwise stays out of the way. Names as TRL's ``GRPOConfig``."""
-    checked = (("entropy_coef", entropy_coef), ("entropy", entropy),
-               ("entropy_target", entropy_target), ("entropy_coef_delta", entropy_coef_delta))
-    for name, value in checked:
-        if not math.isfinite(value):
-            raise ValueError(f"{name} must be finite, got {value}")
-    if not 0.0 <= entropy_coef_min <= entropy_coef_max:
-        raise ValueError(f"need 0 <= entropy_coef_min <= entropy_coef_max, got "
-                         f"{entropy_coef_min} and {entropy_coef_max}")
+    _check_adaptive_entropy_coef(entropy_coef, entropy, entropy_target, entropy_coef_delta, entropy_coef_min,
+                                 entropy_coef_max)
     step = entropy_coef_delta if entropy <= entropy_target else -entropy_coef_delta
     return min(max(entropy_coef + step, entropy_coef_min), entropy_coef_max)
 
@@ -776,14 +807,7 @@ def token_covariance(logp: torch.Tensor, advantages: torch.Tensor,
     Under a softmax policy the entropy changes, to first order, by minus the covariance of log π and
     the advantage over the sampled tokens: confident tokens (high log π) with positive advantages
     make the entropy fall. Clip-Cov and KL-Cov act on the few tokens with the largest Cov_t."""
-    if advantages.shape == logp.shape[:1]:
-        advantages = advantages[:, None].expand_as(logp)
-    _check_same_shape(logp=logp, advantages=advantages, mask=mask)
-    mask = mask.bool()
-    require_finite("logp", logp, mask=mask)
-    require_finite("advantages", advantages, mask=mask)
-    if not bool(mask.any()):
-        raise ValueError("the mask is all zero: there is no token to take a covariance over")
+    advantages, mask = _check_token_covariance(logp, advantages, mask)
     logp, advantages = logp.detach(), advantages.detach()
     centred = (logp - masked_mean(logp, mask)) * (advantages - masked_mean(advantages, mask))
     return torch.where(mask, centred, torch.zeros((), dtype=centred.dtype, device=centred.device))
@@ -800,16 +824,9 @@ def clip_cov_mask(covariance: torch.Tensor, mask: torch.Tensor, clip_cov_ratio: 
     pick max(1, ⌊``clip_cov_ratio`` · n⌋) at random (n: the masked tokens; ``generator`` for a
     reproducible draw). Their loss is multiplied by 0, as verl does; the rest keep PPO-Clip's loss.
     Names and defaults as verl's ``policy_loss`` settings."""
-    if not 0.0 < clip_cov_ratio <= 1.0:
-        raise ValueError(f"clip_cov_ratio must be in (0, 1] (the share of tokens cut), "
-                         f"got {clip_cov_ratio}")
-    if not clip_cov_lb < clip_cov_ub:
-        raise ValueError(f"need clip_cov_lb < clip_cov_ub, got {clip_cov_lb} and {clip_cov_ub}")
-    _check_same_shape(covariance=covariance, mask=mask)
-    mask = mask.bool()
+    mask = _check_clip_cov_mask(covariance, mask, clip_cov_ratio, clip_cov_lb, clip_cov_ub, already_clipped)
     candidates = mask & (covariance > clip_cov_lb) & (covariance < clip_cov_ub)
     if already_clipped is not None:
-        _check_same_shape(covariance=covariance, already_clipped=already_clipped)
         candidates = candidates & ~already_clipped.bool()
     count = max(int(clip_cov_ratio * int(mask.sum())), 1)
     where = candidates.flatten().nonzero().flatten()
@@ -826,11 +843,7 @@ def kl_cov_mask(covariance: torch.Tensor, mask: torch.Tensor,
     ⌊``kl_cov_ratio`` · n⌋) masked tokens with the largest Cov_t (:func:`token_covariance`). Their
     loss becomes −ρ_t A_t + k·|log ρ_t| (``ppo_kl_coef`` k), the others' −ρ_t A_t, with no ratio
     clip, as verl's ``kl_cov`` does."""
-    if not 0.0 < kl_cov_ratio <= 1.0:
-        raise ValueError(f"kl_cov_ratio must be in (0, 1] (the share of tokens penalised), "
-                         f"got {kl_cov_ratio}")
-    _check_same_shape(covariance=covariance, mask=mask)
-    mask = mask.bool()
+    mask = _check_kl_cov_mask(covariance, mask, kl_cov_ratio)
     n = int(mask.sum())
     if n == 0:
         return torch.zeros_like(mask)
@@ -861,11 +874,8 @@ def constant_normaliser(per_token: torch.Tensor, mask: torch.Tensor,
     """``loss_type="dr_grpo"`` (Dr. GRPO, eq-drgrpo-weights): Σ m ℓ / (B · L_max), a constant that
     does not depend on any completion's length (``max_completion_length`` defaults to the padded
     length T)."""
+    _check_constant_normaliser(per_token, max_completion_length)
     length = per_token.shape[1] if max_completion_length is None else max_completion_length
-    if length < per_token.shape[1]:
-        raise ValueError(f"max_completion_length {length} is shorter than the completions' padded "
-                         "length "
-                         f"{per_token.shape[1]}")
     return masked_sum(per_token, mask) / (per_token.shape[0] * length)
 
 
@@ -875,9 +885,8 @@ def global_token_mean(per_token: torch.Tensor, mask: torch.Tensor,
     ``num_items_in_batch``, the token count of the *whole* optimizer batch (default: Σ m, this
     call's), so that the gradients of its micro-batches sum to the gradient of one global token
     mean: no further division under gradient accumulation."""
+    _check_global_token_mean(mask, num_items_in_batch)
     count = mask.sum() if num_items_in_batch is None else num_items_in_batch
-    if not count > 0:
-        raise ValueError(f"num_items_in_batch must be positive, got {count}")
     return masked_sum(per_token, mask) / count
 
 
@@ -888,10 +897,7 @@ def positive_example_nll(logp: torch.Tensor, loss_mask: torch.Tensor,
     of the completions the task calls correct (``correct`` (B,) bool), whatever reward drove the
     advantages. None when no correct completion has a loss token (the term is then absent, not
     0/0)."""
-    if correct.shape != loss_mask.shape[:1]:
-        raise ValueError("correct must have one entry per row, shape "
-                         f"{tuple(loss_mask.shape[:1])}, "
-                         f"got {tuple(correct.shape)}")
+    _check_positive_example_nll(loss_mask, correct)
     correct_tokens = loss_mask * correct[:, None]
     if not bool(correct_tokens.any()):
         return None
@@ -912,20 +918,28 @@ def value_loss(
     model from moving far from the values it had when the rollout was scored; ``None`` gives the
     plain ½ (V − R)².
     """
-    _check_same_shape(values=values, old_values=old_values, returns=returns, mask=mask)
-    mask = mask.bool()
-    if not bool(mask.any()):
-        raise ValueError("the value-loss mask is all zero: there is no token to fit")
-    if cliprange_value is not None and not cliprange_value > 0:
-        raise ValueError(f"cliprange_value must be positive or None, got {cliprange_value}")
-    for name, tensor in (("values", values), ("old_values", old_values), ("returns", returns)):
-        require_finite(name, tensor, mask=mask)
+    mask = _check_value_loss(values, old_values, returns, mask, cliprange_value)
     squared = (values - returns) ** 2
     if cliprange_value is not None:
         clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
         squared = torch.maximum(squared, (clipped - returns) ** 2)
     return 0.5 * masked_mean(squared, mask)
 
+
+
+def _check_log_ratio(importance_sampling_level):
+    """:func:`log_ratio`' arguments (a sequence level's empty rows are found where its lengths are computed)."""
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"unknown importance_sampling_level {importance_sampling_level!r}; "
+                         f"choose one of {IMPORTANCE_SAMPLING_LEVELS}")
+
+
+def _check_gmpo_surrogate(mask):
+    """:func:`gmpo_surrogate`' arguments: every row has a token."""
+    if not bool((mask.sum(-1) > 0).all()):
+        rows = (mask.sum(-1) == 0).nonzero().flatten().tolist()
+        raise ValueError(f"rows {rows[:5]} of mask have no token: GMPO's geometric mean needs at "
+                         "least one")
 
 
 def _check_sampler_weights(old_logp, sampler_logp, mask, mode, clip_min, clip_max):
@@ -987,6 +1001,92 @@ def _check_high_entropy(entropies, mask, top_entropy_quantile):
     _check_same_shape(entropies=entropies, mask=mask)
     mask = mask.bool()
     require_finite("entropies", entropies, mask=mask)
+    return mask
+
+
+def _check_adaptive_entropy_coef(entropy_coef, entropy, entropy_target, entropy_coef_delta, entropy_coef_min,
+                                 entropy_coef_max):
+    """:func:`adaptive_entropy_coef`' arguments."""
+    checked = (("entropy_coef", entropy_coef), ("entropy", entropy),
+               ("entropy_target", entropy_target), ("entropy_coef_delta", entropy_coef_delta))
+    for name, value in checked:
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value}")
+    if not 0.0 <= entropy_coef_min <= entropy_coef_max:
+        raise ValueError(f"need 0 <= entropy_coef_min <= entropy_coef_max, got "
+                         f"{entropy_coef_min} and {entropy_coef_max}")
+
+
+def _check_token_covariance(logp, advantages, mask):
+    """:func:`token_covariance`' arguments; returns the advantages (B, T) and the mask as bool."""
+    if advantages.shape == logp.shape[:1]:
+        advantages = advantages[:, None].expand_as(logp)
+    _check_same_shape(logp=logp, advantages=advantages, mask=mask)
+    mask = mask.bool()
+    require_finite("logp", logp, mask=mask)
+    require_finite("advantages", advantages, mask=mask)
+    if not bool(mask.any()):
+        raise ValueError("the mask is all zero: there is no token to take a covariance over")
+    return advantages, mask
+
+
+def _check_clip_cov_mask(covariance, mask, clip_cov_ratio, clip_cov_lb, clip_cov_ub, already_clipped):
+    """:func:`clip_cov_mask`' arguments; returns the mask as bool."""
+    if not 0.0 < clip_cov_ratio <= 1.0:
+        raise ValueError(f"clip_cov_ratio must be in (0, 1] (the share of tokens cut), "
+                         f"got {clip_cov_ratio}")
+    if not clip_cov_lb < clip_cov_ub:
+        raise ValueError(f"need clip_cov_lb < clip_cov_ub, got {clip_cov_lb} and {clip_cov_ub}")
+    _check_same_shape(covariance=covariance, mask=mask)
+    mask = mask.bool()
+    if already_clipped is not None:
+        _check_same_shape(covariance=covariance, already_clipped=already_clipped)
+    return mask
+
+
+def _check_kl_cov_mask(covariance, mask, kl_cov_ratio):
+    """:func:`kl_cov_mask`' arguments; returns the mask as bool."""
+    if not 0.0 < kl_cov_ratio <= 1.0:
+        raise ValueError(f"kl_cov_ratio must be in (0, 1] (the share of tokens penalised), "
+                         f"got {kl_cov_ratio}")
+    _check_same_shape(covariance=covariance, mask=mask)
+    return mask.bool()
+
+
+def _check_constant_normaliser(per_token, max_completion_length):
+    """:func:`constant_normaliser`' arguments: L_max is at least the padded length T."""
+    length = per_token.shape[1] if max_completion_length is None else max_completion_length
+    if length < per_token.shape[1]:
+        raise ValueError(f"max_completion_length {length} is shorter than the completions' padded "
+                         "length "
+                         f"{per_token.shape[1]}")
+
+
+def _check_global_token_mean(mask, num_items_in_batch):
+    """:func:`global_token_mean`' arguments: the token count is positive."""
+    count = mask.sum() if num_items_in_batch is None else num_items_in_batch
+    if not count > 0:
+        raise ValueError(f"num_items_in_batch must be positive, got {count}")
+
+
+def _check_positive_example_nll(loss_mask, correct):
+    """:func:`positive_example_nll`' arguments."""
+    if correct.shape != loss_mask.shape[:1]:
+        raise ValueError("correct must have one entry per row, shape "
+                         f"{tuple(loss_mask.shape[:1])}, "
+                         f"got {tuple(correct.shape)}")
+
+
+def _check_value_loss(values, old_values, returns, mask, cliprange_value):
+    """:func:`value_loss`' arguments; returns the mask as bool."""
+    _check_same_shape(values=values, old_values=old_values, returns=returns, mask=mask)
+    mask = mask.bool()
+    if not bool(mask.any()):
+        raise ValueError("the value-loss mask is all zero: there is no token to fit")
+    if cliprange_value is not None and not cliprange_value > 0:
+        raise ValueError(f"cliprange_value must be positive or None, got {cliprange_value}")
+    for name, tensor in (("values", values), ("old_values", old_values), ("returns", returns)):
+        require_finite(name, tensor, mask=mask)
     return mask
 
 
