@@ -773,8 +773,8 @@ def adaptive_entropy_coef(entropy_coef: float, entropy: float, *, entropy_target
     The bonus −c·H is added to the loss only while H ≤ H_target (the trainer applies the coefficient
     that the *previous* step's entropy decided, as TRL does), so the controller raises entropy when
     it falls below the target and otherwise stays out of the way. Names as TRL's ``GRPOConfig``."""
-    _check_adaptive_entropy_coef(entropy_coef, entropy, entropy_target, entropy_coef_delta, entropy_coef_min,
-                                 entropy_coef_max)
+    _check_adaptive_entropy_coef(entropy_coef, entropy, entropy_target, entropy_coef_delta,
+                                 entropy_coef_min, entropy_coef_max)
     step = entropy_coef_delta if entropy <= entropy_target else -entropy_coef_delta
     return min(max(entropy_coef + step, entropy_coef_min), entropy_coef_max)
 
@@ -824,7 +824,8 @@ def clip_cov_mask(covariance: torch.Tensor, mask: torch.Tensor, clip_cov_ratio: 
     pick max(1, ⌊``clip_cov_ratio`` · n⌋) at random (n: the masked tokens; ``generator`` for a
     reproducible draw). Their loss is multiplied by 0, as verl does; the rest keep PPO-Clip's loss.
     Names and defaults as verl's ``policy_loss`` settings."""
-    mask = _check_clip_cov_mask(covariance, mask, clip_cov_ratio, clip_cov_lb, clip_cov_ub, already_clipped)
+    mask = _check_clip_cov_mask(covariance, mask, clip_cov_ratio, clip_cov_lb, clip_cov_ub,
+                                already_clipped)
     candidates = mask & (covariance > clip_cov_lb) & (covariance < clip_cov_ub)
     if already_clipped is not None:
         candidates = candidates & ~already_clipped.bool()
