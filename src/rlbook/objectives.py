@@ -275,6 +275,7 @@ def lambda_grpo_weights(
     """
     return num_generations * lambda_grpo_softmax(lengths, num_generations, lam, r, eps, h_min)
 
+
 def _check_gae(rewards, values, mask, gamma, lam):
     """:func:`gae`' arguments; returns the mask as bool and λ as a tensor (a scalar or (B,))."""
     _check_same_shape(rewards=rewards, values=values, mask=mask)
@@ -338,7 +339,7 @@ def _check_gfpo_adaptive_k(rewards, num_generations, k_by_difficulty):
 
 
 def _check_rlhf_token_rewards(scores, logp, ref_logp, mask, beta, kl_kind):
-    """:func:`rlhf_token_rewards`' arguments; returns the mask as bool."""
+    """:func:`rlhf_token_rewards`' arguments; returns the mask as bool and each row's completion tokens."""
     if beta < 0 or not math.isfinite(beta):
         raise ValueError(f"beta must be a finite number >= 0, got {beta}")
     if kl_kind not in KL_KINDS:
@@ -355,7 +356,7 @@ def _check_rlhf_token_rewards(scores, logp, ref_logp, mask, beta, kl_kind):
         raise ValueError("every row of mask needs at least one completion token; rows "
                          f"{(lengths == 0).nonzero().flatten().tolist()} have none")
     _check_right_padded(mask)
-    return mask
+    return mask, lengths
 
 
 def _check_adaptive_kl_coef(kl, target, num_samples, horizon):
@@ -455,8 +456,7 @@ def rlhf_token_rewards(
     TRL's PPO). verl, OpenRLHF and we put the score at the last real token; TRL's PPO puts it one
     position later.
     """
-    mask = _check_rlhf_token_rewards(scores, logp, ref_logp, mask, beta, kl_kind)
-    lengths = mask.sum(-1)
+    mask, lengths = _check_rlhf_token_rewards(scores, logp, ref_logp, mask, beta, kl_kind)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     kl = torch.where(mask, kl_estimate(torch.where(mask, logp, zero),
                                        torch.where(mask, ref_logp, zero), kl_kind), zero)
@@ -875,8 +875,7 @@ def constant_normaliser(per_token: torch.Tensor, mask: torch.Tensor,
     """``loss_type="dr_grpo"`` (Dr. GRPO, eq-drgrpo-weights): Σ m ℓ / (B · L_max), a constant that
     does not depend on any completion's length (``max_completion_length`` defaults to the padded
     length T)."""
-    _check_constant_normaliser(per_token, max_completion_length)
-    length = per_token.shape[1] if max_completion_length is None else max_completion_length
+    length = _check_constant_normaliser(per_token, max_completion_length)  # L_max, T by default
     return masked_sum(per_token, mask) / (per_token.shape[0] * length)
 
 
@@ -886,8 +885,7 @@ def global_token_mean(per_token: torch.Tensor, mask: torch.Tensor,
     ``num_items_in_batch``, the token count of the *whole* optimizer batch (default: Σ m, this
     call's), so that the gradients of its micro-batches sum to the gradient of one global token
     mean: no further division under gradient accumulation."""
-    _check_global_token_mean(mask, num_items_in_batch)
-    count = mask.sum() if num_items_in_batch is None else num_items_in_batch
+    count = _check_global_token_mean(mask, num_items_in_batch)  # Σ m unless num_items_in_batch
     return masked_sum(per_token, mask) / count
 
 
@@ -1055,19 +1053,21 @@ def _check_kl_cov_mask(covariance, mask, kl_cov_ratio):
 
 
 def _check_constant_normaliser(per_token, max_completion_length):
-    """:func:`constant_normaliser`' arguments: L_max is at least the padded length T."""
+    """:func:`constant_normaliser`' arguments: L_max is at least the padded length T; returns L_max."""
     length = per_token.shape[1] if max_completion_length is None else max_completion_length
     if length < per_token.shape[1]:
         raise ValueError(f"max_completion_length {length} is shorter than the completions' padded "
                          "length "
                          f"{per_token.shape[1]}")
+    return length
 
 
 def _check_global_token_mean(mask, num_items_in_batch):
-    """:func:`global_token_mean`' arguments: the token count is positive."""
+    """:func:`global_token_mean`' arguments: the token count is positive; returns it."""
     count = mask.sum() if num_items_in_batch is None else num_items_in_batch
     if not count > 0:
         raise ValueError(f"num_items_in_batch must be positive, got {count}")
+    return count
 
 
 def _check_positive_example_nll(loss_mask, correct):

@@ -24,7 +24,6 @@ of the whole batch is exactly 1.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -423,11 +422,11 @@ class Trainer:
             raise ValueError("pretrain_value needs a value model (an advantage estimator that "
                              "reads one: gae, vapo)")
         for k in range(steps):
-            timer = time.perf_counter()
+            timer = synchronized_clock(self.device)
             # its own seed stream, apart from training steps'
             scored = self.score(self.sample_rollout(PRETRAIN_STEPS + k))
             metrics = {"step": k + 1, **scored.metrics, **self.update(scored, True)}
-            metrics["time/pretrain"] = time.perf_counter() - timer
+            metrics["time/pretrain"] = synchronized_clock(self.device) - timer
             metrics = reduce_metrics(metrics, self.world)
             self.value_pretrain_history.append(metrics)
         return self.value_pretrain_history
