@@ -494,7 +494,7 @@ def test_lambda_grpo_config_errors(kwargs, match):
 # --- presets, callbacks, metrics -------------------------------------------------------------------------------
 
 
-# TRL GRPOConfig's algorithm defaults (TRL 1.16; ../shared/reference/libraries.md, section 3)
+# TRL GRPOConfig's algorithm defaults (TRL 1.16)
 TRL_GRPO_DEFAULTS = dict(num_generations=8, temperature=1.0, loss_type="dapo", beta=0.0, epsilon=0.2,
                          epsilon_high=None, scale_rewards="group", num_iterations=1, importance_sampling_level="token",
                          mask_truncated_completions=False, max_grad_norm=1.0, weight_decay=0.0,
