@@ -214,9 +214,11 @@ def template_faults(chapter: str) -> list[str]:
     return faults
 
 
-@pytest.mark.parametrize("chapter", TEMPLATE_CHAPTERS)
+@pytest.mark.parametrize("chapter", ALGORITHM_CHAPTERS)
 def test_chapter_follows_the_template(chapter):
     faults = template_faults(chapter)
+    if chapter not in TEMPLATE_CHAPTERS:  # not rewritten yet: its faults are shown (pytest -rs), not enforced
+        pytest.skip("not yet in TEMPLATE_CHAPTERS: " + ("; ".join(faults) or "no faults: add it"))
     assert not faults, "\n".join(faults)
 
 
