@@ -21,6 +21,11 @@
    is all a reader of the source can be given. In a listing the book shows, each label of an equation the book
    numbers is replaced by its number as the text prints it ("eq. (8.3)"); an unknown label is left as written.
    scripts/make_reader.py does the same in the reader copy (``number_equation_labels``).
+
+5. A chapter keeps the evidence behind its claims (every experiment but its main one) in a last section headed
+   exactly "Evidence". In HTML that section's body is wrapped in a dropdown admonition, so the chapter reads as a
+   textbook and the evidence is one click away; its heading stays in the page's table of contents.
+   _static/evidence-open.js opens a collapsed dropdown when a link (or the address) targets something inside it.
 """
 
 import re
@@ -126,6 +131,43 @@ def collapse_long_listings(doctree: nodes.Node, limit: int = LONG_LISTING_LINES)
 def _collapse_long_listings(app, doctree):
     collapse_long_listings(doctree)
 
+EVIDENCE_TITLE = "Evidence"
+
+
+def evidence_title(subsections: int) -> str:
+    """The visible title of a collapsed Evidence section."""
+    what = f"{subsections} experiment{'s' if subsections != 1 else ''}" if subsections else "the experiments"
+    return f"Open the evidence: {what} in full, with their plans, figures and tables"
+
+
+def collapse_evidence(doctree: nodes.Node) -> int:
+    """Wrap the body of each section titled exactly ``EVIDENCE_TITLE`` (everything after its title) in
+    ``admonition(classes=['dropdown', 'rlbook-evidence'])``. Returns how many sections were collapsed."""
+    collapsed = 0
+    for section in list(doctree.findall(nodes.section)):
+        if not section.children or not isinstance(section[0], nodes.title) \
+                or section[0].astext().strip() != EVIDENCE_TITLE or _in_dropdown(section):
+            continue
+        body = list(section.children[1:])
+        if not body or len(body) == 1 and "rlbook-evidence" in body[0].get("classes", []):
+            continue  # empty, or collapsed already
+        subsections = sum(isinstance(child, nodes.section) for child in body)
+        box = nodes.admonition(classes=["dropdown", "rlbook-evidence"])
+        box.source, box.line = section.source, section.line
+        box += nodes.title(text=evidence_title(subsections))
+        for child in body:
+            section.remove(child)
+            box += child
+        section += box
+        collapsed += 1
+    return collapsed
+
+
+def _collapse_evidence(app, doctree, docname):
+    if app.builder.format == "html":  # after numbering and the table of contents: both see the sections
+        collapse_evidence(doctree)
+
+
 _CLOSING = re.compile(r"^[,.;:!?)\]\u2019\u201d]+")  # , . ; : ! ? ) ] ’ ”
 _OPENING = re.compile(r"[(\[\u2018\u201c]$")  # ( [ ‘ “
 
@@ -191,5 +233,6 @@ def setup(app):
     app.connect("html-page-context", _drop_duplicate_scripts, priority=900)
     app.connect("doctree-resolved", _keep_punctuation_with_math)
     app.connect("doctree-resolved", _number_equation_labels)
+    app.connect("doctree-resolved", _collapse_evidence)
     app.connect("doctree-read", _collapse_long_listings)  # before the figure numbers are assigned
     return {"parallel_read_safe": True, "parallel_write_safe": True}

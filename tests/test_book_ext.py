@@ -2,6 +2,7 @@
 
 A doctree built by hand, then one tiny Sphinx project (two listings, the html builder, a couple of seconds)."""
 
+import io
 import re
 import sys
 from pathlib import Path
@@ -102,3 +103,49 @@ def test_a_sphinx_build_numbers_the_equation_labels_of_a_listing(tmp_path):
     app.build()
     text = re.sub(r"<[^>]+>", "", (tmp_path / "_build" / "index.html").read_text())
     assert "The loss (eq. (2)); eq-nowhere." in text  # the number :eq: prints, and an unknown label as written
+
+
+def _section(title: str, *children) -> nodes.section:
+    section = nodes.section()
+    section += nodes.title(text=title)
+    for child in children:
+        section += child
+    return section
+
+
+def test_the_evidence_section_body_is_collapsed_under_its_heading():
+    inner = _section("A registered run", nodes.paragraph(text="Over ten seeds."))
+    evidence = _section("Evidence", nodes.paragraph(text="What this holds."), inner,
+                        _section("Power", nodes.paragraph(text="n = 10.")))
+    chapter = _section("Chapter", _section("Derivation", nodes.paragraph(text="Teach.")), evidence)
+    assert rlbook_html.collapse_evidence(chapter) == 1
+    assert evidence[0].astext() == "Evidence" and len(evidence) == 2, "the heading stays, one box under it"
+    box = evidence[1]
+    assert isinstance(box, nodes.admonition) and {"dropdown", "rlbook-evidence"} <= set(box["classes"])
+    assert box[0].astext() == rlbook_html.evidence_title(2) and "2 experiments" in box[0].astext()
+    assert [c.astext() for c in box[1:2]] == ["What this holds."] and inner.parent is box
+    assert rlbook_html.collapse_evidence(chapter) == 0, "already collapsed"
+    other = _section("Chapter", _section("Evidence of convergence", nodes.paragraph(text="x")))
+    assert rlbook_html.collapse_evidence(other) == 0, "only a section titled exactly 'Evidence'"
+
+
+def test_a_sphinx_build_collapses_the_evidence_and_keeps_its_references(tmp_path):
+    sphinx = pytest.importorskip("sphinx.application")
+    (tmp_path / "conf.py").write_text(f"import sys\nsys.path.insert(0, {str(ROOT / '_ext')!r})\n"
+                                      "extensions = ['rlbook_html', 'sphinx_togglebutton']\nnumfig = True\n")
+    (tmp_path / "index.rst").write_text(
+        "Chapter\n=======\n\nIdea\n----\n\nSee :ref:`the run <run>`.\n\n"
+        "Evidence\n--------\n\nEverything else.\n\n.. _run:\n\nThe run\n~~~~~~~\n\nTen seeds.\n")
+    warnings = io.StringIO()
+    app = sphinx.Sphinx(str(tmp_path), str(tmp_path), str(tmp_path / "_build"), str(tmp_path / "_doctrees"),
+                        "html", status=None, warning=warnings, freshenv=True)
+    app.build()
+    # a second Sphinx app in one process re-registers the node classes; any other warning is a fault
+    assert not [w for w in warnings.getvalue().splitlines() if w.strip() and "is already registered" not in w]
+    html = (tmp_path / "_build" / "index.html").read_text()
+    boxes = [m.start() for m in re.finditer(r'<div class="([^"]*)"', html)
+             if {"admonition", "dropdown", "rlbook-evidence"} <= set(m[1].split())]
+    assert len(boxes) == 1
+    assert html.index(">Evidence<") < boxes[0] < html.index("Everything else.") < html.index("Ten seeds.")
+    assert 'href="#run"' in html and 'id="run"' in html  # the reference into the box still resolves
+    assert html.index(">Idea<") < html.index(">Evidence<")

@@ -650,7 +650,7 @@ def test_at_a_glance_rule_catches_planted_faults():
     assert glance_fault("# T\n\nText.\n\n## One\n", "g")
 
 
-GLANCE_MAX_WORDS = 120
+GLANCE_MAX_WORDS = 150  # four fields: Idea, Key equation, You will be able to, Result
 # a glued value shows as one word; a cross-reference as its visible text (the text before <label>, or the label)
 GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`[^`]*`")
 REF_ROLE = re.compile(r"\{(?:ref|numref|term|doc)\}`([^`]*)`")
