@@ -44,6 +44,7 @@ ROLE = re.compile(r"\{(?:ref|numref|term|doc|eq|cite(?::\w+)?)\}`([^`]*)`")
 LABEL = re.compile(r"^\s*\([\w-]+\)=\s*$")
 COMMENT = re.compile(r"^\s*%")
 HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
+LIST_ITEM = re.compile(r"^\s*([-*+]|\d+\.)\s")
 FIGURE_OPEN = re.compile(r"^(`{3,}|:{3,})\{(glue:figure|figure)\}")
 
 
@@ -56,8 +57,8 @@ def words(line: str) -> int:
 
 
 def prose_paragraphs(text: str):
-    """(first line number, heading path, paragraph text) of every prose paragraph of a MyST chapter, without code,
-    math, tables, labels, comments, directive options, fences and figure captions."""
+    """(first line number, heading path, paragraph text) of every prose paragraph of a MyST chapter (a list item is
+    a paragraph), without code, math, tables, labels, comments, directive options, fences and figure captions."""
     lines = text.split("\n")
     kinds = text_rules.classify(lines)
     caption = [False] * len(lines)
@@ -91,6 +92,8 @@ def prose_paragraphs(text: str):
         if not keep:
             flush()
             continue
+        if current and LIST_ITEM.match(line):  # each list item is a paragraph of its own
+            flush()
         if not current:
             start = j
         current.append(line.strip())
@@ -310,3 +313,5 @@ def test_rules_catch_planted_faults():
                              "anything measured.", "## Pros and cons\n\nOver 5 seeds it won " + "big " * 40 + ".")
     assert measure(disguised)["share"] > MAX_EXPERIMENT_SHARE, "experiment prose under another heading counts"
     assert measure(GOOD)["total"] == measure(GOOD.replace("A caption with many", "A caption " + "w " * 50))["total"]
+    listed = GOOD.replace("A plain paragraph that teaches", "- Over 5 seeds.\n- A plain paragraph that teaches")
+    assert measure(listed)["experiment"] == measure(GOOD)["experiment"] + 3, "a list item is its own paragraph"
