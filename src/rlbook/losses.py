@@ -172,13 +172,15 @@ def cispo(b: LossBatch, log_rho: torch.Tensor, c: RLConfig) -> TokenLosses:
 @surrogate("sapo")
 def sapo(b: LossBatch, log_rho: torch.Tensor, c: RLConfig) -> TokenLosses:
     """SAPO (eq-after-sapo): a sigmoid gate on the ratio in place of the clip."""
-    loss = sapo_surrogate(torch.exp(log_rho), b.advantages, c.sapo_temperature_pos, c.sapo_temperature_neg)
+    loss = sapo_surrogate(torch.exp(log_rho), b.advantages, c.sapo_temperature_pos,
+                          c.sapo_temperature_neg)
     return TokenLosses(loss, _no_clip(b), _no_clip(b))
 
 
 @surrogate("gmpo", per_completion=True, log_space_clip=True)
 def gmpo(b: LossBatch, log_rho: torch.Tensor, c: RLConfig) -> TokenLosses:
-    """GMPO (eq-gmpo-objective): the geometric mean of the token ratios, clipped in log space; one loss a row."""
+    """GMPO (eq-gmpo-objective): the geometric mean of the token ratios, clipped in log space; one
+    loss a row."""
     return TokenLosses(*gmpo_surrogate(log_rho, b.advantages, b.mask, c.epsilon, _epsilon_high(c)))
 
 
