@@ -1132,6 +1132,9 @@ PROSE_NUMBERS_ALLOWED = {
     "appendix/errata.md": {
         "0.26": "constant",  # the study note's std in its GRPO example
         "90%": "constant",  # the study note's share of the greedy action
+        "71%": "constant", "85%": "constant",  # E26: GFPO's published length reductions (46-71 %, 71-85 %)
+        "4.1%": "constant", "1.4%": "constant",  # E19: GMPO's published headline gains
+        "60.4": "constant",  # E16: VAPO's published AIME 2024 score
     },
     "part7/after_the_note.md": {
         "20%": "setting",  # the share of tokens the high-entropy filter keeps (top_entropy_quantile 0.2)
