@@ -1198,7 +1198,6 @@ PROSE_NUMBERS_ALLOWED = {
     },
     "part5/dpo.md": {
         "0.018": "constant", "0.5": "constant", "0.98": "constant",  # σ(−4), σ(0), σ(4): the worked weights
-        "0.28": "constant",  # a TRL version
     },
     "part5/gapo.md": {
         "0.1": "setting",  # the gain a hidden cell asserts

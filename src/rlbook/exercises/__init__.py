@@ -11,7 +11,7 @@ from rlbook.exercises._compare import assert_close
 from rlbook.exercises.after_the_note import check_cispo_loss, check_sampler_weights
 from rlbook.exercises.drgrpo import check_token_weights
 from rlbook.exercises.dapo import check_informative_groups, check_soft_overlong_penalty
-from rlbook.exercises.dpo import check_dpo_loss
+from rlbook.exercises.dpo import check_dpo_loss, check_dpo_step
 from rlbook.exercises.family import check_family_changes
 from rlbook.exercises.gapo import check_gan_pairs
 from rlbook.exercises.gfpo import check_gfpo_advantages
@@ -46,6 +46,7 @@ __all__ = [
     "check_decoupled_gae",
     "check_discounted_pg_weights",
     "check_dpo_loss",
+    "check_dpo_step",
     "check_family_changes",
     "check_double_q_learning_update",
     "check_entropy_at_temperature",
