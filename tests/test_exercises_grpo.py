@@ -52,3 +52,94 @@ def test_group_mean_only_fails_and_a_crash_is_reported():
         check_grpo_advantages(lambda r, G: 1 / 0)
     with pytest.raises(AssertionError, match="returned None"):
         check_grpo_advantages(lambda r, G: None)
+
+
+# --- GRPO's loss (the find-the-bug exercise) and the whole step ---------------------------------------------------
+
+from rlbook.exercises.grpo import check_grpo_loss, check_grpo_step, reference_grpo_loss  # noqa: E402
+
+
+def _loss(bug=None):
+    """GRPO's loss from logits, with one of the common bugs planted (None: none)."""
+    def loss(logits, ref_logits, tokens, old_logp, rewards, mask, G, temperature, epsilon=0.2, beta=0.04):
+        t = 1.0 if bug == "temperature" else temperature
+        logp = (logits / t).log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
+        ref_logp = (ref_logits / t).log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
+        groups = rewards.view(-1, G)
+        std = rewards.std() if bug == "batch_std" else groups.std(-1, keepdim=True)
+        A = ((groups - groups.mean(-1, keepdim=True)) / (std + 1e-4)).flatten()[:, None]
+        ratio = torch.exp(logp - old_logp)
+        surrogate = torch.minimum(ratio * A, ratio.clamp(1 - epsilon, 1 + epsilon) * A)
+        k3 = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+        per_token = (-surrogate + beta * k3) * mask
+        if bug == "beta_twice":
+            per_token = per_token + beta * k3 * mask
+        if bug == "padding":
+            return per_token.mean(-1).mean()
+        return (per_token.sum(-1) / mask.sum(-1)).mean()
+    return loss
+
+
+def test_loss_checker_accepts_the_reference_and_a_correct_loss(capsys):
+    check_grpo_loss(reference_grpo_loss)
+    check_grpo_loss(_loss())
+    assert capsys.readouterr().out.split() == ["ok", "ok"]
+
+
+@pytest.mark.parametrize("bug, named", [("beta_twice", "beta is applied twice"), ("batch_std", "whole batch"),
+                                        ("padding", "padding tokens count"), ("temperature", "temperature 1")])
+def test_loss_checker_names_each_common_bug(bug, named):
+    with pytest.raises(AssertionError, match=named):
+        check_grpo_loss(_loss(bug))
+
+
+def test_loss_checker_refuses_a_detached_loss_and_a_wrong_type():
+    with pytest.raises(AssertionError, match="no gradient"):
+        check_grpo_loss(lambda *args, **kw: _loss()(*args, **kw).detach())
+    with pytest.raises(AssertionError, match="0-dim tensor"):
+        check_grpo_loss(lambda *args, **kw: _loss()(*args, **kw).item())
+
+
+def _step(bug=None):
+    """A GRPO step on the package's pieces, with one mistake planted (None: none)."""
+    from rlbook.exercises.grpo import _reference_step
+
+    def step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G, epsilon=0.2, beta=0.04,
+             temperature=1.0, max_grad_norm=1.0):
+        if bug is None:
+            return _reference_step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G,
+                                   epsilon, beta, temperature, max_grad_norm)
+        if bug == "no_clip":
+            return _reference_step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G,
+                                   epsilon, beta, temperature, 1e12)
+        if bug == "no_beta":
+            return _reference_step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G,
+                                   epsilon, 0.0, temperature, max_grad_norm)
+        if bug == "no_zero_grad":
+            grads = {p: p.grad.clone() for p in policy.parameters() if p.grad is not None}
+            original = optimizer.zero_grad
+            optimizer.zero_grad = lambda *a, **k: None
+            for p, g in grads.items():
+                p.grad = g
+            try:
+                return _reference_step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G,
+                                       epsilon, beta, temperature, max_grad_norm)
+            finally:
+                optimizer.zero_grad = original
+        raise ValueError(bug)
+    return step
+
+
+def test_step_checker_accepts_the_package_step_and_the_chapters_loop(capsys):
+    from minimal_loops import load_minimal_loop
+
+    check_grpo_step(_step())
+    check_grpo_step(load_minimal_loop("part4/grpo")["grpo_step"])
+    assert capsys.readouterr().out.split() == ["ok", "ok"]
+
+
+@pytest.mark.parametrize("bug, named", [("no_clip", "clipped at max_grad_norm"), ("no_beta", "the loss itself"),
+                                        ("no_zero_grad", "zero_grad")])
+def test_step_checker_fails_a_planted_mistake(bug, named):
+    with pytest.raises(AssertionError, match=named):
+        check_grpo_step(_step(bug))
