@@ -31,7 +31,8 @@ ALGORITHM_CHAPTERS = ["part3/policy_gradient", "part3/ppo", "part4/grpo", "part4
                       "part4/gmpo", "part4/gspo", "part4/gfpo", "part4/lambda_grpo", "part5/ppo_rlhf",
                       "part5/vapo", "part5/dpo", "part5/gapo", "part7/after_the_note"]
 TEMPLATE_CHAPTERS = ["part4/dr_grpo", "part4/dapo", "part4/gspo", "part4/gfpo", "part5/ppo_rlhf", "part5/vapo",
-                     "part5/gapo", "part5/dpo", "part4/gmpo"]  # grows as chapters are rewritten; see the module docstring
+                     "part5/gapo", "part5/dpo", "part4/gmpo",
+                     "part4/grpo", "part4/lambda_grpo"]  # grows as chapters are rewritten; see the module docstring
 MAX_EXPERIMENT_SHARE = 0.25
 MAIN_EXPERIMENT_WORDS = 350  # "about 300 words"
 MAIN_EXPERIMENT_NUMBERS = 6

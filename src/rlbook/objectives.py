@@ -74,11 +74,13 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, 
 
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
-    """Per-token estimate of KL(π ‖ π_ref) from tokens sampled from π (Schulman's k1, k2, k3), shape of ``logp``.
+    """Per-token estimate of KL(π ‖ π_ref) from tokens sampled from π (Schulman's k1, k2, k3),
+    shape of ``logp``.
 
     With ``δ = ref_logp − logp`` (the log-ratio π_ref/π at the sampled token):
-    k1 = −δ (unbiased, can be negative); k2 = ½δ² (biased, ≥ 0, low variance); k3 = e^δ − δ − 1 (unbiased
-    and ≥ 0, since E_π[e^δ] = 1 and e^x ≥ 1 + x). GRPO puts β·k3 in its loss.
+    k1 = −δ (unbiased, can be negative); k2 = ½δ² (biased, ≥ 0, low variance);
+    k3 = e^δ − δ − 1 (unbiased and ≥ 0, since E_π[e^δ] = 1 and e^x ≥ 1 + x). GRPO puts β·k3 in
+    its loss.
     """
     if kind not in KL_KINDS:
         raise ValueError(f"unknown KL estimator {kind!r}; kind must be one of {KL_KINDS}")

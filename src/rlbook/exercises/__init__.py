@@ -29,7 +29,7 @@ from rlbook.exercises.mdp import (
     check_iterative_policy_evaluation,
     check_q_value_iteration_step,
 )
-from rlbook.exercises.grpo import check_grpo_advantages
+from rlbook.exercises.grpo import check_grpo_advantages, check_grpo_loss, check_grpo_step
 from rlbook.exercises.ppo import check_clipped_objective, check_gae_loop
 from rlbook.exercises.pg import check_discounted_pg_weights, check_leave_one_out_advantages
 from rlbook.exercises.rlhf import check_bradley_terry_loss, check_rlhf_token_rewards
@@ -56,6 +56,8 @@ __all__ = [
     "check_gfpo_advantages",
     "check_gmpo_loss",
     "check_grpo_advantages",
+    "check_grpo_loss",
+    "check_grpo_step",
     "check_gspo_loss",
     "check_informative_groups",
     "check_iterative_policy_evaluation",
