@@ -86,3 +86,60 @@ def test_stub_errors_pass_through():
         check_gae_loop(stub)
     with pytest.raises(NotImplementedError):
         check_clipped_objective(stub)
+
+
+# --- "write the whole step": the loss of one PPO update on a rollout ---------------------------------------------
+
+def ppo_loss(logp, old_logp, values, old_values, rewards, mask, gamma=1.0, lam=0.95, epsilon=0.2,
+             value_clip=0.2, vf_coef=0.1, *, advantages_from=None, whiten=True):
+    """A from-scratch solution, with two switches that plant the classic bugs."""
+    B, T = mask.shape
+    zero = torch.zeros((), dtype=logp.dtype)
+    source = old_values if advantages_from is None else advantages_from
+    source = torch.where(mask.bool(), source, zero)
+    token_rewards = torch.zeros_like(mask)
+    token_rewards[torch.arange(B), mask.sum(-1).long() - 1] = rewards
+    advantages, running = [], torch.zeros(B, dtype=mask.dtype)
+    for t in reversed(range(T)):
+        next_value = source[:, t + 1] if t + 1 < T else 0.0
+        running = token_rewards[:, t] + gamma * next_value - source[:, t] + gamma * lam * running
+        advantages.insert(0, running * mask[:, t])
+    advantages = torch.stack(advantages, 1)
+    returns = (advantages + source) * mask
+    if whiten:
+        n = mask.sum()
+        mean = advantages.sum() / n
+        advantages = (advantages - mean) / (((advantages - mean) * mask).pow(2).sum() / (n - 1) + 1e-8).sqrt()
+    ratio = torch.exp(torch.where(mask.bool(), logp - old_logp, zero))
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - epsilon, 1 + epsilon) * advantages)
+    policy = -(torch.where(mask.bool(), surrogate, zero)).sum() / mask.sum()
+    clipped = old_values + (values - old_values).clamp(-value_clip, value_clip)
+    error = torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+    return policy + vf_coef * 0.5 * torch.where(mask.bool(), error, zero).sum() / mask.sum()
+
+
+def test_ppo_loss_checker_accepts_a_solution_and_the_reference(capsys):
+    from rlbook.exercises.ppo import check_ppo_loss, reference_ppo_loss
+
+    check_ppo_loss(ppo_loss)
+    check_ppo_loss(reference_ppo_loss)
+    assert capsys.readouterr().out == "ok\nok\n"
+
+
+def test_ppo_loss_checker_rejects_planted_bugs():
+    from rlbook.exercises.ppo import check_ppo_loss
+
+    def live_advantages(logp, old_logp, values, old_values, rewards, mask, **settings):
+        # GAE over the current values: the advantages then carry a gradient into the critic
+        return ppo_loss(logp, old_logp, values, old_values, rewards, mask, advantages_from=values, **settings)
+
+    def unwhitened(*args, **settings):
+        return ppo_loss(*args, whiten=False, **settings)
+
+    def no_value_clip(*args, **settings):
+        return ppo_loss(*args, **{**settings, "value_clip": 1e9})
+
+    for wrong, message in ((live_advantages, "the loss|the gradient"), (unwhitened, "the loss"),
+                           (no_value_clip, "value_clip")):
+        with pytest.raises(AssertionError, match=message):
+            check_ppo_loss(wrong)
