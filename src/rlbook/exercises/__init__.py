@@ -30,8 +30,12 @@ from rlbook.exercises.mdp import (
     check_q_value_iteration_step,
 )
 from rlbook.exercises.grpo import check_grpo_advantages, check_grpo_loss, check_grpo_step
-from rlbook.exercises.ppo import check_clipped_objective, check_gae_loop
-from rlbook.exercises.pg import check_discounted_pg_weights, check_leave_one_out_advantages
+from rlbook.exercises.ppo import check_clipped_objective, check_gae_loop, check_ppo_loss
+from rlbook.exercises.pg import (
+    check_discounted_pg_weights,
+    check_leave_one_out_advantages,
+    check_reinforce_step,
+)
 from rlbook.exercises.rlhf import check_bradley_terry_loss, check_rlhf_token_rewards
 from rlbook.exercises.q_learning import check_double_q_learning_update, check_expected_sarsa_update
 from rlbook.exercises.vapo import check_decoupled_gae, check_length_adaptive_lam
@@ -52,6 +56,7 @@ __all__ = [
     "check_entropy_at_temperature",
     "check_expected_sarsa_update",
     "check_gae_loop",
+    "check_ppo_loss",
     "check_gan_pairs",
     "check_gfpo_advantages",
     "check_gmpo_loss",
@@ -63,6 +68,7 @@ __all__ = [
     "check_iterative_policy_evaluation",
     "check_lambda_grpo_weights",
     "check_leave_one_out_advantages",
+    "check_reinforce_step",
     "check_length_adaptive_lam",
     "check_mean_token_logprob",
     "check_q_value_iteration_step",
