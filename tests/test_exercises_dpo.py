@@ -59,7 +59,7 @@ def test_not_attempted_passes_through():
 
 # --- the whole step (exercises "Write the whole step" and "Find the bugs") ---------------------------------------
 
-from rlbook.exercises.dpo import check_dpo_step, solution_dpo_step  # noqa: E402
+from rlbook.exercises.dpo import check_dpo_step, reference_dpo_step  # noqa: E402
 
 
 def _step_with(logps_fn, beta_twice=False, zero_grad=True, swap=False):
@@ -101,7 +101,7 @@ def _padded_logps(model, tokenizer, pairs):
 
 
 def test_step_checker_accepts_the_reference_and_a_solution(capsys):
-    check_dpo_step(solution_dpo_step)
+    check_dpo_step(reference_dpo_step)
     check_dpo_step(_step_with(_package_logps))
     assert capsys.readouterr().out == "ok\nok\n"
 

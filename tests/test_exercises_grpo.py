@@ -102,18 +102,18 @@ def test_loss_checker_refuses_a_detached_loss_and_a_wrong_type():
 
 def _step(bug=None):
     """A GRPO step on the package's pieces, with one mistake planted (None: none)."""
-    from rlbook.exercises.grpo import _reference_step
+    from rlbook.exercises.grpo import reference_grpo_step
 
     def step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G, epsilon=0.2, beta=0.04,
              temperature=1.0, max_grad_norm=1.0):
         if bug is None:
-            return _reference_step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G,
+            return reference_grpo_step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G,
                                    epsilon, beta, temperature, max_grad_norm)
         if bug == "no_clip":
-            return _reference_step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G,
+            return reference_grpo_step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G,
                                    epsilon, beta, temperature, 1e12)
         if bug == "no_beta":
-            return _reference_step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G,
+            return reference_grpo_step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G,
                                    epsilon, 0.0, temperature, max_grad_norm)
         if bug == "no_zero_grad":
             grads = {p: p.grad.clone() for p in policy.parameters() if p.grad is not None}
@@ -122,7 +122,7 @@ def _step(bug=None):
             for p, g in grads.items():
                 p.grad = g
             try:
-                return _reference_step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G,
+                return reference_grpo_step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G,
                                        epsilon, beta, temperature, max_grad_norm)
             finally:
                 optimizer.zero_grad = original

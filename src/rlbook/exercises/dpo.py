@@ -85,7 +85,7 @@ def check_dpo_loss(fn: Callable) -> None:
     print("ok")
 
 
-def solution_dpo_step(policy, reference, tokenizer, pairs, optimizer, beta: float) -> float:
+def reference_dpo_step(policy, reference, tokenizer, pairs, optimizer, beta: float) -> float:
     """One DPO step with the package's pieces (the checker's reference): :func:`rlbook.dpo.dpo_batch` with the
     sigmoid loss, the reference's log-probs under ``no_grad``, then ``optimizer``'s step. Returns the loss."""
     import torch
@@ -114,7 +114,7 @@ def _step_batches():
 def check_dpo_step(fn: Callable) -> None:
     """Run ``fn(policy, reference, tokenizer, pairs, optimizer, beta)`` for two steps on a copy of the arithmetic
     policy (moved a little away from its reference) and compare the returned losses and the weights after each
-    step with :func:`solution_dpo_step` on another copy, for β = 0.1 and 0.5; SGD, so that every weight moves by
+    step with :func:`reference_dpo_step` on another copy, for β = 0.1 and 0.5; SGD, so that every weight moves by
     exactly its gradient times the learning rate."""
     import copy
 
@@ -140,7 +140,7 @@ def check_dpo_step(fn: Callable) -> None:
                         f"{[(p.prompt, p.chosen, p.rejected) for p in pairs]}")
 
             got = call_reader(fn, (mine, reference, tokenizer, pairs, mine_opt, beta), shown)
-            expected = solution_dpo_step(theirs, reference, tokenizer, pairs, theirs_opt, beta)
+            expected = reference_dpo_step(theirs, reference, tokenizer, pairs, theirs_opt, beta)
             try:
                 got = float(got)
             except (TypeError, ValueError):

@@ -229,7 +229,7 @@ def check_grpo_loss(fn: Callable, num_trials: int = 20, seed: int = _SEED) -> No
 
 
 # ---------------------------------------------------------------------------------------------- the whole step
-def _reference_step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G, epsilon=0.2,
+def reference_grpo_step(policy, reference, optimizer, ids, attention, mask, old_logp, rewards, G, epsilon=0.2,
                     beta=0.04, temperature=1.0, max_grad_norm=1.0) -> float:
     """One GRPO update with the package's pieces: its log-probs, its advantages and its loss
     (``loss_type="grpo"``), then clip and step."""
@@ -320,7 +320,7 @@ def check_grpo_step(fn: Callable, num_trials: int = 6, seed: int = _SEED) -> Non
                           kwargs=settings)
         if any(not b.equal(t) for b, t in zip(before, [t for t in batch if isinstance(t, torch.Tensor)])):
             raise AssertionError(f"your function changed its inputs in place; work on copies\n{inputs}")
-        expected = _reference_step(theirs, reference, torch.optim.SGD(theirs.parameters(), lr=lr), *batch,
+        expected = reference_grpo_step(theirs, reference, torch.optim.SGD(theirs.parameters(), lr=lr), *batch,
                                    **settings)
         try:
             value = float(got)
