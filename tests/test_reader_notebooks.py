@@ -326,7 +326,8 @@ def test_solutions_are_collapsed_in_the_reader_copy(tmp_path):
             elif inside and line.strip():
                 assert dropdown, f"solution prose outside a dropdown: {line!r}"
             i += 1
-    assert solutions == 2 and hidden >= 2
+    markers = (ROOT / "book" / "part4" / "grpo.md").read_text(encoding="utf-8").count("{solution-start}")
+    assert solutions == markers >= 2 and hidden >= solutions
 
 
 def test_only_long_listings_are_collapsed(tmp_path):
