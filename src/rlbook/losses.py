@@ -206,11 +206,12 @@ def vespo(b: LossBatch, log_rho: torch.Tensor, c: RLConfig) -> TokenLosses:
 
 @surrogate("kl_cov", token_levels=("token",))
 def kl_cov(b: LossBatch, log_rho: torch.Tensor, c: RLConfig) -> TokenLosses:
-    """KL-Cov (eq-after-kl-cov), as verl registers it: no clip, and ``ppo_kl_coef``·|log ρ| on the tokens of
-    the largest covariance of log-prob and advantage."""
+    """KL-Cov (eq-after-kl-cov), as verl registers it: no clip, and ``ppo_kl_coef``·|log ρ| on the
+    tokens of the largest covariance of log-prob and advantage."""
     selected = kl_cov_mask(token_covariance(b.logp, b.advantages, b.mask), b.mask, c.kl_cov_ratio)
     loss = -torch.exp(log_rho) * b.advantages + c.ppo_kl_coef * log_rho.abs() * selected
-    return TokenLosses(loss, _no_clip(b), _no_clip(b), {"covariance/selected_mean": _share(selected, b.mask)})
+    metrics = {"covariance/selected_mean": _share(selected, b.mask)}
+    return TokenLosses(loss, _no_clip(b), _no_clip(b), metrics)
 
 
 @dataclass(frozen=True)
@@ -272,21 +273,24 @@ def aggregation_of(c: RLConfig) -> Aggregation:
 
 
 def clip_cov_weight(b: LossBatch, c: RLConfig, term: TokenLosses):
-    """Clip-Cov (eq-after-clip-cov): 0 on a random few high-covariance tokens that PPO's clip does not hold."""
+    """Clip-Cov (eq-after-clip-cov): 0 on a random few high-covariance tokens that PPO's clip does
+    not hold."""
     if c.covariance_method != "clip_cov":
         return None
-    selected = clip_cov_mask(token_covariance(b.logp, b.advantages, b.mask), b.mask, c.clip_cov_ratio,
-                             c.clip_cov_lb, c.clip_cov_ub, already_clipped=(term.low | term.high) & b.mask,
-                             generator=b.generator)
+    covariance = token_covariance(b.logp, b.advantages, b.mask)
+    selected = clip_cov_mask(covariance, b.mask, c.clip_cov_ratio, c.clip_cov_lb, c.clip_cov_ub,
+                             already_clipped=(term.low | term.high) & b.mask, generator=b.generator)
     return ~selected, {"covariance/selected_mean": _share(selected, b.mask)}
 
 
 def off_policy_weight(b: LossBatch, c: RLConfig, term: TokenLosses):
-    """DeepSeek-V3.2's off-policy sequence mask (eq-after-opsm) against the behaviour policy's log-probs."""
+    """DeepSeek-V3.2's off-policy sequence mask (eq-after-opsm) against the behaviour policy's
+    log-probs."""
     if c.off_policy_mask_threshold is None:
         return None
     behaviour = b.old_logp if b.sampler_logp is None else b.sampler_logp
-    keep = off_policy_sequence_mask(b.logp, behaviour, b.advantages, b.mask, c.off_policy_mask_threshold)
+    keep = off_policy_sequence_mask(b.logp, behaviour, b.advantages, b.mask,
+                                    c.off_policy_mask_threshold)
     return keep, {"off_policy_mask/masked_mean": _share(~keep, b.mask)}
 
 
@@ -298,18 +302,21 @@ def entropy_weight(b: LossBatch, c: RLConfig, term: TokenLosses):
 
 
 def sampler_correction(old_logp, sampler_logp, mask, c: RLConfig) -> tuple:
-    """The sampler-mismatch correction's weights, computed once per rollout: pi_old / pi_sampler per token or
-    completion, truncated or masked (TRL's ``vllm_importance_sampling_*``), and their ``sampling/*`` metrics;
-    ``(None, {})`` when off. :func:`sampler_weight` applies them."""
+    """The sampler-mismatch correction's weights, computed once per rollout: pi_old / pi_sampler per
+    token or completion, truncated or masked (TRL's ``vllm_importance_sampling_*``), and their
+    ``sampling/*`` metrics; ``(None, {})`` when off. :func:`sampler_weight` applies them."""
     if not c.vllm_importance_sampling_correction:
         return None, {}
-    ratio = sampler_importance_weights(old_logp, sampler_logp, mask, c.vllm_importance_sampling_mode,
-                                       c.vllm_importance_sampling_clip_min, c.vllm_importance_sampling_clip_max)
-    return ratio, sampling_metrics(old_logp, sampler_logp, ratio, mask, c.vllm_importance_sampling_mode)
+    mode = c.vllm_importance_sampling_mode
+    ratio = sampler_importance_weights(old_logp, sampler_logp, mask, mode,
+                                       c.vllm_importance_sampling_clip_min,
+                                       c.vllm_importance_sampling_clip_max)
+    return ratio, sampling_metrics(old_logp, sampler_logp, ratio, mask, mode)
 
 
 def sampler_weight(b: LossBatch, c: RLConfig, term: TokenLosses):
-    """The sampler-mismatch correction (eq-after-sampler-is), unless the surrogate weighs it itself (VESPO)."""
+    """The sampler-mismatch correction (eq-after-sampler-is), unless the surrogate weighs it itself
+    (VESPO)."""
     if b.importance_sampling_ratio is None or SURROGATES[surrogate_of(c)].weighs_sampler:
         return None
     return b.importance_sampling_ratio.detach(), {}
