@@ -26,3 +26,16 @@ def load_minimal_loop(chapter: str) -> dict:
     namespace: dict = {"__name__": f"minimal_loop_{chapter.replace('/', '_')}"}
     exec(compile(minimal_loop_source(chapter), f"book/{chapter}.md:minimal-loop", "exec"), namespace)
     return namespace
+
+
+def check_torch_only(chapter: str, max_lines: int = 85) -> None:
+    """The chapter's loop is one short cell that imports torch alone; the policy, its tokenizer and its task
+    come in as arguments (the issue: "about 80 lines at most, using only torch")."""
+    import re
+
+    source = minimal_loop_source(chapter)
+    lines = len(source.strip().splitlines())
+    assert lines <= max_lines, f"book/{chapter}.md: the minimal loop has {lines} lines (about 80 at most)"
+    modules = {m.split(".")[0] for m in re.findall(r"^\s*(?:import|from)\s+([\w.]+)", source, re.M)}
+    assert modules <= {"torch"}, f"book/{chapter}.md: the minimal loop imports {sorted(modules - {'torch'})}"
+    assert "rlbook" not in source, f"book/{chapter}.md: the loop names rlbook; pass its pieces in as arguments"

@@ -10,7 +10,7 @@ import copy
 
 import pytest
 import torch
-from minimal_loops import load_minimal_loop
+from minimal_loops import check_torch_only, load_minimal_loop
 
 from rlbook import RECIPES, Trainer, TrainerCallback, load_base_policy, preset
 from rlbook.rollout import sequence_logprobs
@@ -114,3 +114,7 @@ def test_the_loops_advantages_and_loss_are_the_packages():
     torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(torch.autograd.grad(mine, logp)[0], torch.autograd.grad(theirs, logp)[0],
                                atol=1e-6, rtol=1e-6)
+
+
+def test_the_loop_is_short_and_imports_only_torch():
+    check_torch_only("part4/grpo")
