@@ -656,10 +656,8 @@ GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`[^`]*`")
 REF_ROLE = re.compile(r"\{(?:ref|numref|term|doc)\}`([^`]*)`")
 
 
-def glance_words(text: str) -> tuple[int, int] | None:
-    """(line number, word count) of a chapter's At a glance box, or None without one: the box's text without its
-    options (`:class:`), as whitespace-separated tokens, each glued value one word and each cross-reference the
-    words of its visible text."""
+def glance_body(text: str) -> tuple[int, str] | None:
+    """(line number, text) of a chapter's At a glance box, without its options (`:class:`), or None without one."""
     lines = text.split("\n")
     for j, line in enumerate(lines):
         m = GLANCE.match(line)
@@ -673,10 +671,20 @@ def glance_words(text: str) -> tuple[int, int] | None:
                                       and set(lines[k].strip()) == {fence[0]}):
             body.append(lines[k])
             k += 1
-        box = GLUE_ROLE.sub("W", "\n".join(body))
-        box = REF_ROLE.sub(lambda r: re.sub(r"\s*<[^<>]*>$", "", r.group(1)), box)
-        return j + 1, len(box.split())
+        return j + 1, "\n".join(body)
     return None
+
+
+def glance_words(text: str) -> tuple[int, int] | None:
+    """(line number, word count) of a chapter's At a glance box, or None without one: the box's text without its
+    options (`:class:`), as whitespace-separated tokens, each glued value one word and each cross-reference the
+    words of its visible text."""
+    found = glance_body(text)
+    if found is None:
+        return None
+    box = GLUE_ROLE.sub("W", found[1])
+    box = REF_ROLE.sub(lambda r: re.sub(r"\s*<[^<>]*>$", "", r.group(1)), box)
+    return found[0], len(box.split())
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=rel)

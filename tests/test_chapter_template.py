@@ -38,7 +38,7 @@ GLANCE_FIELDS = ("**Idea.**", "**Key equation.**", "**You will be able to**", "*
 EXPERIMENTS_BOX = "how-experiments-work"
 
 MARKER = re.compile(r"\b(seeds?|pilot|pre-registered|registered|confirmatory|organisms?|Finding)\b", re.I)
-GLUE = re.compile(r"\{glue(?::\w+)?\}`[^`]*`")
+GLUE = text_rules.GLUE_ROLE
 INTERVAL = re.compile(r"\[\s*\{glue(?::\w+)?\}`[^`]*`\s*,\s*\{glue(?::\w+)?\}`[^`]*`\s*\]")
 ROLE = re.compile(r"\{(?:ref|numref|term|doc|eq|cite(?::\w+)?)\}`([^`]*)`")
 LABEL = re.compile(r"^\s*\([\w-]+\)=\s*$")
@@ -146,26 +146,11 @@ def evidence_fault(text: str, name: str) -> str | None:
     return None
 
 
-def glance_box(text: str) -> str | None:
-    lines = text.split("\n")
-    for j, line in enumerate(lines):
-        m = text_rules.GLANCE.match(line)
-        if not m:
-            continue
-        fence, body, k = m.group(1), [], j + 1
-        while k < len(lines) and not (lines[k].strip() and set(lines[k].strip()) == {fence[0]}
-                                      and len(lines[k].strip()) >= len(fence)):
-            if not text_rules.OPTION.match(lines[k]):
-                body.append(lines[k])
-            k += 1
-        return "\n".join(body)
-    return None
-
-
 def glance_field_fault(text: str, name: str) -> str | None:
-    box = glance_box(text)
-    if box is None:
+    found = text_rules.glance_body(text)
+    if found is None:
         return f"{name}: no At a glance box"
+    box = found[1]
     paragraphs = [p.strip() for p in re.split(r"\n\s*\n", box) if p.strip()]
     labels = [next((f for f in GLANCE_FIELDS if p.startswith(f)), None) for p in paragraphs]
     if labels != list(GLANCE_FIELDS):
